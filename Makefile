@@ -1,0 +1,61 @@
+# otelgpu developer entry points. Everything a fresh Debian + Python 3.11 machine needs
+# is installed by these targets into ./.venv (nothing pre-installed is assumed).
+#
+#   make demo   - the main job: the demo workload on the simulated GPU (or a real one)
+#   make test   - the whole test suite: lint, types, and pytest twice (native, pure Python)
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+PIP    := $(VPY) -m pip --disable-pip-version-check
+STAMP  := $(VENV)/.otelgpu-deps
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: demo test lint pytest pytest-native pytest-pure ext venv deps bench test-gpu clean
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip "setuptools>=69" wheel "Cython>=3.0.10"
+
+# Dependencies are re-installed only when their declarations change (CI keeps .venv warm).
+$(STAMP): $(VPY) pyproject.toml $(wildcard tests/requirements/*.txt)
+	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q -r tests/requirements/vllm.txt
+	$(PIP) install -q --no-deps -r tests/requirements/vllm-nodeps.txt
+	$(PIP) install -q --no-build-isolation -e ".[test,prometheus,bench]"
+	touch $(STAMP)
+
+venv deps: $(STAMP)
+
+# (Re)build the native parts in place; flock keeps parallel builds from clobbering each other.
+ext: $(STAMP)
+	flock .ext.lock $(VPY) setup.py -q build_ext --inplace -j 2
+
+demo: ext
+	$(VPY) -m otelgpu demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check otelgpu tests benchmarks setup.py
+	$(VENV)/bin/ruff format --check otelgpu tests benchmarks setup.py
+	$(VENV)/bin/mypy
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cython-lint src_ext
+
+pytest-native: ext
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+pytest-pure: ext
+	OTELGPU_NO_EXTENSIONS=1 $(VPY) -m pytest -q $(PYTEST_ARGS)
+
+pytest: pytest-native pytest-pure
+
+test: lint pytest
+
+test-gpu: ext
+	$(VPY) -m pytest -q -m gpu tests/gpu
+
+bench: ext
+	$(VPY) benchmarks/run_all.py
+
+clean:
+	rm -rf build $(VENV) .ext.lock
+	find otelgpu -name '*.so' -delete -o -name '*.so.1' -delete

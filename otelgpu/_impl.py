@@ -1,0 +1,78 @@
+"""The one switch between the native (Cython/C) core and its pure-Python twins.
+
+Every native module has a pure-Python twin with the same API. Which one is used is
+decided once, here, at import time:
+
+* ``OTELGPU_NO_EXTENSIONS=1`` (any non-empty value other than ``0``) forces the
+  pure-Python twins;
+* otherwise each native module is imported, and a failed import falls back to the
+  twin -- never silently: the failure is logged once at WARNING and
+  ``otelgpu.NATIVE`` becomes ``False``. The test suite has a guard test that fails
+  when a native module did not load although extensions were not disabled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from types import ModuleType
+
+_logger = logging.getLogger(__name__)
+
+
+def _env_flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+NO_EXTENSIONS: bool = _env_flag("OTELGPU_NO_EXTENSIONS") or sys.implementation.name != "cpython"
+"""True when the pure-Python twins are forced (env var or a non-CPython interpreter)."""
+
+#: Native modules that make up "the native core". ``NATIVE`` is true only if all load.
+NATIVE_MODULES: tuple[str, ...] = ("otelgpu.sketch._sketch_c",)
+
+_loaded: dict[str, ModuleType | None] = {}
+_errors: dict[str, str] = {}
+
+
+def native_module(name: str) -> ModuleType | None:
+    """Import the native module ``name``, or return ``None`` to select the twin.
+
+    Thread-safe enough for import time (Python's import lock serialises it).
+    """
+    if NO_EXTENSIONS:
+        return None
+    if name in _loaded:
+        return _loaded[name]
+    try:
+        module: ModuleType | None = importlib.import_module(name)
+    except ImportError as exc:
+        module = None
+        _errors[name] = f"{type(exc).__name__}: {exc}"
+        _logger.warning(
+            "otelgpu: native module %s is unavailable (%s); using the pure-Python twin",
+            name,
+            exc,
+        )
+    _loaded[name] = module
+    return module
+
+
+def native_status() -> dict[str, str]:
+    """Per native module: ``"native"``, ``"disabled"`` or the import error text."""
+    status: dict[str, str] = {}
+    for name in NATIVE_MODULES:
+        if NO_EXTENSIONS:
+            status[name] = "disabled (OTELGPU_NO_EXTENSIONS)"
+        elif native_module(name) is not None:
+            status[name] = "native"
+        else:
+            status[name] = _errors.get(name, "unavailable")
+    return status
+
+
+def native_loaded() -> bool:
+    """True when every module of the native core is in use."""
+    return not NO_EXTENSIONS and all(native_module(n) is not None for n in NATIVE_MODULES)

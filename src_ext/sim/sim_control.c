@@ -1,0 +1,158 @@
+/*
+ * Control entry points of the simulator (prefix otelgpu_sim_, never nvml*), called by
+ * otelgpu.sim through ctypes. All are thread-safe.
+ *
+ *   int  otelgpu_sim_configure(const char *text)    normalized scenario; resets all state
+ *   int  otelgpu_sim_unconfigure(void)              back to "no scenario", refcount 0
+ *   const char *otelgpu_sim_last_error(void)        message of the last failed call
+ *   long long otelgpu_sim_now_ns(void)              scenario time (ns since start)
+ *   long long otelgpu_sim_epoch_ns(void)            wall time (ns since 1970) of t = 0
+ *   int  otelgpu_sim_set_time_ns(long long t)       virtual clock only; may go back
+ *   int  otelgpu_sim_advance_ns(long long dt)       virtual clock only; dt >= 0
+ *   int  otelgpu_sim_inject(const char *event)      one "event=" line body; "now" allowed
+ *                                                   as start (scenario time of the call)
+ *   int  otelgpu_sim_is_virtual(void), otelgpu_sim_gpu_count(void)
+ *   unsigned long long otelgpu_sim_calls(void)      NVML calls served so far
+ *   int  otelgpu_sim_refcount(void)
+ * Return 0 on success, -1 with otelgpu_sim_last_error() set otherwise.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "sim.h"
+
+int sim_apply_config(const char *text, char *err, size_t errlen);
+
+static __thread char t_error[512];
+
+static int fail(const char *msg) {
+    snprintf(t_error, sizeof(t_error), "%s", msg);
+    return -1;
+}
+
+SIM_EXPORT const char *otelgpu_sim_last_error(void) { return t_error; }
+
+SIM_EXPORT int otelgpu_sim_configure(const char *text) {
+    char err[512];
+    if (!text) return fail("no configuration text");
+    if (sim_apply_config(text, err, sizeof(err))) return fail(err);
+    return 0;
+}
+
+SIM_EXPORT int otelgpu_sim_unconfigure(void) {
+    sim_lock();
+    g_sim.configured = 0;
+    g_sim.refcount = 0;
+    g_sim.gpu_count = 0;
+    g_sim.nevents = 0;
+    g_sim.nprocs = 0;
+    sim_index_events();
+    g_sim.generation++;
+    sim_events_reset();
+    sim_events_notify();
+    sim_unlock();
+    return 0;
+}
+
+SIM_EXPORT long long otelgpu_sim_now_ns(void) {
+    sim_lock();
+    long long t = sim_now_ns();
+    sim_unlock();
+    return t;
+}
+
+SIM_EXPORT long long otelgpu_sim_epoch_ns(void) {
+    sim_lock();
+    long long t = g_sim.epoch_ns;
+    sim_unlock();
+    return t;
+}
+
+SIM_EXPORT int otelgpu_sim_is_virtual(void) {
+    sim_lock();
+    int v = g_sim.virtual_clock;
+    sim_unlock();
+    return v;
+}
+
+SIM_EXPORT int otelgpu_sim_gpu_count(void) {
+    sim_lock();
+    int n = g_sim.gpu_count;
+    sim_unlock();
+    return n;
+}
+
+SIM_EXPORT int otelgpu_sim_refcount(void) {
+    sim_lock();
+    int n = g_sim.refcount;
+    sim_unlock();
+    return n;
+}
+
+SIM_EXPORT unsigned long long otelgpu_sim_calls(void) {
+    sim_lock();
+    unsigned long long n = g_sim.calls;
+    sim_unlock();
+    return n;
+}
+
+SIM_EXPORT int otelgpu_sim_set_time_ns(long long t) {
+    if (t < 0) return fail("time must be >= 0");
+    sim_lock();
+    if (!g_sim.configured || !g_sim.virtual_clock) {
+        sim_unlock();
+        return fail("the simulator is not running on a virtual clock");
+    }
+    g_sim.virtual_ns = t;
+    sim_events_notify();
+    sim_unlock();
+    return 0;
+}
+
+SIM_EXPORT int otelgpu_sim_advance_ns(long long dt) {
+    if (dt < 0) return fail("advance must be >= 0");
+    sim_lock();
+    if (!g_sim.configured || !g_sim.virtual_clock) {
+        sim_unlock();
+        return fail("the simulator is not running on a virtual clock");
+    }
+    g_sim.virtual_ns += dt;
+    sim_events_notify();
+    sim_unlock();
+    return 0;
+}
+
+SIM_EXPORT int otelgpu_sim_inject(const char *line) {
+    char buf[512], err[512];
+    sim_event ev;
+    if (!line || strlen(line) >= sizeof(buf) - 32) return fail("event line missing or too long");
+    sim_lock();
+    if (!g_sim.configured) {
+        sim_unlock();
+        return fail("no scenario is loaded");
+    }
+    /* replace a literal "now" start time by the current scenario time */
+    int gpu, kind, used = 0;
+    char start[32];
+    if (sscanf(line, "%d %d %31s %n", &gpu, &kind, start, &used) == 3 && !strcmp(start, "now"))
+        snprintf(buf, sizeof(buf), "%d %d %lld %s", gpu, kind, sim_now_ns(), line + used);
+    else
+        snprintf(buf, sizeof(buf), "%s", line);
+    if (sim_parse_event(buf, &ev, err, sizeof(err))) {
+        sim_unlock();
+        return fail(err);
+    }
+    if (ev.gpu >= g_sim.gpu_count) {
+        sim_unlock();
+        return fail("no such GPU index");
+    }
+    if (g_sim.nevents >= SIM_MAX_EVENTS) {
+        sim_unlock();
+        return fail("event table full");
+    }
+    g_sim.events[g_sim.nevents++] = ev;
+    sim_index_events();
+    sim_events_notify();
+    sim_unlock();
+    return 0;
+}

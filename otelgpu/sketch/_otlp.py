@@ -7,6 +7,7 @@ scale ``s`` (both cover ``(base**i, base**(i+1)]``), so the conversion copies co
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,12 +57,41 @@ def _trim(offset: int, counts: list[int]) -> tuple[int, list[int]]:
     return (offset + lo, counts[lo:hi]) if lo < hi else (0, [])
 
 
+def _boundary(index: int, scale: int) -> float:
+    """``base ** index``, saturating instead of overflowing."""
+    try:
+        return math.exp(index / _mapping.scale_factor(scale))
+    except OverflowError:
+        return sys.float_info.max
+
+
+def _bounds_from_buckets(
+    scale: int, pos_offset: int, pos: list[int], neg_offset: int, neg: list[int], zeros: int
+) -> tuple[float, float]:
+    """Widest (min, max) the buckets allow: the outer bounds of the outermost buckets."""
+    if neg:
+        vmin = -_boundary(neg_offset + len(neg), scale)
+    elif zeros:
+        vmin = 0.0
+    else:
+        vmin = _boundary(pos_offset, scale)
+    if pos:
+        vmax = _boundary(pos_offset + len(pos), scale)
+    elif zeros:
+        vmax = 0.0
+    else:
+        vmax = -_boundary(neg_offset, scale)
+    return vmin, vmax
+
+
 def from_data_point(dp: Any) -> SketchState:
     """The sketch state of an ``ExponentialHistogramDataPoint`` (or one shaped like it).
 
     Raises ``ValueError`` for a scale outside -10..20, negative counts or a ``count``
-    that disagrees with the buckets. ``max_buckets`` becomes the scale's default or
-    the point's widest bucket range, whichever is larger, so no count moves.
+    that disagrees with the buckets. A point without min/max (``+inf``/``-inf``, as the
+    SDK writes with ``record_min_max=False``) gets the outer bounds of its buckets.
+    ``max_buckets`` becomes the scale's default or the point's widest bucket range,
+    whichever is larger, so no count moves.
     """
     scale = int(dp.scale)
     if not _mapping.MIN_SCALE <= scale <= _mapping.MAX_SCALE:
@@ -77,12 +107,16 @@ def from_data_point(dp: Any) -> SketchState:
     count = zero_count + sum(pos) + sum(neg)
     if int(dp.count) != count:
         raise ValueError(f"exponential histogram point count {dp.count} != bucket total {count}")
+    vmin, vmax = (float(dp.min), float(dp.max)) if count else (math.inf, -math.inf)
+    if count and not (math.isfinite(vmin) and math.isfinite(vmax)):
+        # a point recorded without min/max (record_min_max=False): use bucket bounds
+        vmin, vmax = _bounds_from_buckets(scale, pos_offset, pos, neg_offset, neg, zero_count)
     state = SketchState(
         scale=scale,
         max_buckets=max(_mapping.default_max_buckets(scale), len(pos), len(neg)),
         sum=float(dp.sum) if count else 0.0,
-        min=float(dp.min) if count else math.inf,
-        max=float(dp.max) if count else -math.inf,
+        min=vmin,
+        max=vmax,
         zero_count=zero_count,
         rejected=0,
         positive_offset=pos_offset,

@@ -443,6 +443,21 @@ def test_empty_sketch_data_point(sketch_cls: Sketch) -> None:
 
 
 @pytest.mark.parametrize(
+    ("values", "low", "high"),
+    [([0.5, 3.0], 0.49, 3.1), ([-2.0, 0.0, 1.0], -2.1, 1.1), ([-4.0, -0.25], -4.1, -0.24)],
+)
+def test_data_point_without_min_max_gets_bucket_bounds(
+    sketch_cls: Sketch, values: list[float], low: float, high: float
+) -> None:
+    s = sketch_cls()
+    s.add_many(values)
+    fields = {**s.to_data_point(0, 1).__dict__, "min": math.inf, "max": -math.inf}
+    back = sketch_cls.from_data_point(ExponentialHistogramDataPoint(**fields))
+    assert low <= back.min <= min(values) and max(values) <= back.max <= high
+    assert back.count == len(values)
+
+
+@pytest.mark.parametrize(
     "change",
     [
         {"scale": 21},

@@ -31,7 +31,7 @@ NO_EXTENSIONS: bool = _env_flag("OTELGPU_NO_EXTENSIONS") or sys.implementation.n
 """True when the pure-Python twins are forced (env var or a non-CPython interpreter)."""
 
 #: Native modules that make up "the native core". ``NATIVE`` is true only if all load.
-NATIVE_MODULES: tuple[str, ...] = ("otelgpu.sketch._sketch_c",)
+NATIVE_MODULES: tuple[str, ...] = ("otelgpu.sketch._sketch_c", "otelgpu.sampler._sampler_c")
 
 _loaded: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}

@@ -418,7 +418,8 @@ class _Checker:
         if isinstance(value, bool) or not ok or not math.isfinite(float(value)):  # type: ignore[arg-type]
             what = "an integer" if integer else "a number"
             raise self.fail(key, value, _range_text(what, lo, hi, lo_open))
-        v = float(value)  # type: ignore[arg-type]
+        # Integers are compared as integers: float(2**63 - 1) rounds up past the bound.
+        v: float = value if integer else float(value)  # type: ignore[assignment,arg-type]
         if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
             what = "an integer" if integer else "a number"
             raise self.fail(key, value, _range_text(what, lo, hi, lo_open))

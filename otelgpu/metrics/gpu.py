@@ -1,0 +1,276 @@
+"""GPU metrics as OpenTelemetry observable instruments fed from a ``GpuSampler``.
+
+``register_gpu_metrics(meter, sampler)`` creates one observable instrument per row of
+``otelgpu.metrics._names`` (names, units and attributes are documented in
+``docs/metrics.md``). Callbacks run at collection time on the exporter's thread and
+only read the sampler's ring buffers (a few µs per device); they never call NVML.
+
+* Gauges report the newest sample. Devices that are lost report only ``hw.status``
+  (failed); a reading the device does not support produces no point at all.
+* "Between two collections" metrics (``otelgpu.gpu.memory.watermark``,
+  ``otelgpu.gpu.throttle.fraction``) use the sampler's window statistics over the
+  time since the previous collection, so a batch peak between two exports is not
+  missed. With several metric readers, each collection starts a new interval.
+* Observable instruments cannot be removed from an OpenTelemetry meter, so
+  ``unregister()`` switches the callbacks off (they then report nothing).
+
+Thread-safety: callbacks may run concurrently from several readers; the state they
+keep is guarded by one lock. A failing callback logs once and reports nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otelgpu.metrics import _names as N
+from otelgpu.sampler import BaseGpuSampler, GpuSample
+from otelgpu.sampler import _fields as F
+
+_logger = logging.getLogger(__name__)
+
+_SNAPSHOT_TTL_NS = 20_000_000  # one collection reads each device's newest sample once
+_XID_LAG_NS = 50_000_000  # events are counted once they are 50 ms old (no push race)
+
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+class GpuMetricsHandle:
+    """The instruments created by :func:`register_gpu_metrics`; ``unregister()`` stops them."""
+
+    def __init__(self, meter: Meter, sampler: BaseGpuSampler) -> None:
+        self._sampler = sampler
+        self._enabled = True
+        self._lock = threading.Lock()
+        self._failed: set[str] = set()
+        self._attrs = {d.uuid: d.attributes() for d in sampler.devices}
+        self._snapshot: dict[str, GpuSample | None] = {}
+        self._snapshot_ns = -_SNAPSHOT_TTL_NS
+        self._since: dict[tuple[str, str], int] = {}
+        self._throttle_prev: dict[str, tuple[int, dict[str, int]]] = {}
+        self._xid_counts: dict[tuple[str, int], int] = {}
+        self._xid_cursor_ns = 0
+        callbacks: dict[str, Callable[[], Iterable[Observation]]] = {
+            N.GPU_UTILIZATION.name: self._utilization,
+            N.GPU_MEMORY_USAGE.name: self._memory_usage,
+            N.GPU_MEMORY_LIMIT.name: self._memory_limit,
+            N.GPU_MEMORY_UTILIZATION.name: self._memory_utilization,
+            N.POWER.name: self._power,
+            N.ENERGY.name: self._energy,
+            N.TEMPERATURE.name: self._temperature,
+            N.GPU_IO.name: self._pcie_io,
+            N.ERRORS.name: self._errors,
+            N.STATUS.name: self._status,
+            N.MEMORY_CONTROLLER_UTILIZATION.name: self._memory_controller,
+            N.MEMORY_WATERMARK.name: self._watermark,
+            N.CLOCK_SM.name: self._clock_sm,
+            N.CLOCK_MEMORY.name: self._clock_memory,
+            N.THROTTLE_FRACTION.name: self._throttle_fraction,
+            N.THROTTLE_TIME.name: self._throttle_time,
+            N.XID.name: self._xids,
+            N.NVLINK_IO.name: self._nvlink_io,
+            N.FAN_SPEED.name: self._fan,
+            N.PSTATE.name: self._pstate,
+            N.SAMPLER_DROPPED.name: self._dropped,
+        }
+        self.instruments: dict[str, Any] = {}
+        for spec in (*N.GPU_METRICS, *N.SAMPLER_METRICS):
+            self.instruments[spec.name] = _create(meter, spec, self._guard(spec.name, callbacks))
+
+    @property
+    def enabled(self) -> bool:
+        """False after :meth:`unregister`."""
+        return self._enabled
+
+    def unregister(self) -> None:
+        """Stop reporting (idempotent). The instruments stay in the meter, silent."""
+        self._enabled = False
+
+    close = unregister
+
+    # ---- plumbing -------------------------------------------------------------
+
+    def _guard(self, name: str, table: dict[str, Callable[[], Iterable[Observation]]]) -> Callback:
+        fn = table[name]
+
+        def callback(_options: CallbackOptions) -> Iterable[Observation]:
+            if not self._enabled:
+                return []
+            try:
+                return list(fn())
+            except Exception as exc:  # noqa: BLE001 - never break the exporter
+                if name not in self._failed:
+                    self._failed.add(name)
+                    _logger.warning("otelgpu: metric %s callback failed: %r", name, exc)
+                return []
+
+        return callback
+
+    def _samples(self) -> list[tuple[str, dict[str, Any], GpuSample]]:
+        """(uuid, attributes, newest sample) of every device that is not lost."""
+        now = self._sampler.now_ns()
+        with self._lock:
+            if now - self._snapshot_ns > _SNAPSHOT_TTL_NS:
+                self._sampler.log_device_state()
+                self._snapshot = {u: self._sampler.latest(u) for u in self._attrs}
+                self._snapshot_ns = now
+            snapshot = dict(self._snapshot)
+        return [
+            (u, self._attrs[u], s)
+            for u, s in snapshot.items()
+            if s is not None and s.status != "lost" and not self._sampler.lost(u)
+        ]
+
+    def _interval(self, metric: str, uuid: str, now: int) -> int:
+        """Start of the interval since the previous collection of (metric, uuid)."""
+        with self._lock:
+            start = self._since.get((metric, uuid), 0)
+            self._since[(metric, uuid)] = now + 1
+        return start
+
+    # ---- callbacks (generators of Observation) ------------------------------
+
+    def _gauge(self, field: str, scale: float = 1.0, **extra: str) -> Iterable[Observation]:
+        for _uuid, attrs, s in self._samples():
+            value = getattr(s, field)
+            if value is not None:
+                yield Observation(value * scale if scale != 1.0 else value, {**attrs, **extra})
+
+    def _utilization(self) -> Iterable[Observation]:
+        return self._gauge("gpu_util_pct", 0.01, **{"hw.gpu.task": "general"})
+
+    def _memory_usage(self) -> Iterable[Observation]:
+        return self._gauge("memory_used_bytes")
+
+    def _memory_limit(self) -> Iterable[Observation]:
+        return self._gauge("memory_total_bytes")
+
+    def _memory_utilization(self) -> Iterable[Observation]:
+        for _uuid, attrs, s in self._samples():
+            if s.memory_used_bytes is not None and s.memory_total_bytes:
+                yield Observation(s.memory_used_bytes / s.memory_total_bytes, attrs)
+
+    def _power(self) -> Iterable[Observation]:
+        return self._gauge("power_w")
+
+    def _energy(self) -> Iterable[Observation]:
+        return self._gauge("energy_mj", 0.001)
+
+    def _temperature(self) -> Iterable[Observation]:
+        return self._gauge("temperature_c", 1.0, **{"hw.sensor_location": "gpu"})
+
+    def _io(self, tx: str, rx: str) -> Iterable[Observation]:
+        for _uuid, attrs, s in self._samples():
+            for field, direction in ((tx, "transmit"), (rx, "receive")):
+                value = getattr(s, field)
+                if value is not None:
+                    yield Observation(value, {**attrs, "network.io.direction": direction})
+
+    def _pcie_io(self) -> Iterable[Observation]:
+        return self._io("pcie_tx_bytes", "pcie_rx_bytes")
+
+    def _nvlink_io(self) -> Iterable[Observation]:
+        return self._io("nvlink_tx_bytes", "nvlink_rx_bytes")
+
+    def _errors(self) -> Iterable[Observation]:
+        for _uuid, attrs, s in self._samples():
+            for field, kind in (("ecc_corrected", "corrected"), ("ecc_uncorrected", "uncorrected")):
+                value = getattr(s, field)
+                if value is not None:
+                    yield Observation(value, {**attrs, "error.type": kind})
+
+    def _status(self) -> Iterable[Observation]:
+        for uuid, attrs in self._attrs.items():
+            lost = self._sampler.lost(uuid)
+            yield Observation(0 if lost else 1, {**attrs, "hw.state": "ok"})
+            yield Observation(1 if lost else 0, {**attrs, "hw.state": "failed"})
+
+    def _memory_controller(self) -> Iterable[Observation]:
+        return self._gauge("memory_util_pct", 0.01)
+
+    def _watermark(self) -> Iterable[Observation]:
+        now = self._sampler.now_ns()
+        for uuid, attrs, _s in self._samples():
+            start = self._interval(N.MEMORY_WATERMARK.name, uuid, now)
+            stats = self._sampler.window(uuid, start, now)
+            if stats is not None and stats.memory_used_peak_bytes is not None:
+                yield Observation(stats.memory_used_peak_bytes, attrs)
+
+    def _clock_sm(self) -> Iterable[Observation]:
+        return self._gauge("sm_clock_mhz")
+
+    def _clock_memory(self) -> Iterable[Observation]:
+        return self._gauge("memory_clock_mhz")
+
+    def _throttle_fraction(self) -> Iterable[Observation]:
+        now = self._sampler.now_ns()
+        key = "otelgpu.gpu.throttle.reason"
+        for uuid, attrs, s in self._samples():
+            start = self._interval(N.THROTTLE_FRACTION.name, uuid, now)
+            stats = self._sampler.window(uuid, start, now)
+            if stats is not None and stats.throttled_fraction is not None:
+                yield Observation(stats.throttled_fraction, {**attrs, key: "any"})
+            with self._lock:
+                prev = self._throttle_prev.get(uuid)
+                self._throttle_prev[uuid] = (s.time_ns, dict(s.throttle_ns))
+            if prev is None or s.time_ns <= prev[0]:
+                continue
+            elapsed = s.time_ns - prev[0]
+            for reason, ns in s.throttle_ns.items():
+                before = prev[1].get(reason)
+                if before is not None and ns >= before:
+                    yield Observation(min(1.0, (ns - before) / elapsed), {**attrs, key: reason})
+
+    def _throttle_time(self) -> Iterable[Observation]:
+        for _uuid, attrs, s in self._samples():
+            for reason, ns in s.throttle_ns.items():
+                yield Observation(ns / 1e9, {**attrs, "otelgpu.gpu.throttle.reason": reason})
+
+    def _xids(self) -> Iterable[Observation]:
+        now = self._sampler.now_ns() - _XID_LAG_NS
+        with self._lock:
+            if now > self._xid_cursor_ns:
+                for event in self._sampler.events(self._xid_cursor_ns, now):
+                    if event.kind == F.EVENT_KINDS[F.EV_XID]:
+                        key = (event.uuid, event.code)
+                        self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
+                self._xid_cursor_ns = now + 1
+            counts = dict(self._xid_counts)
+        for (uuid, code), count in counts.items():
+            attrs = self._attrs.get(uuid)
+            if attrs is not None:
+                yield Observation(count, {**attrs, "otelgpu.gpu.xid.code": code})
+
+    def _fan(self) -> Iterable[Observation]:
+        return self._gauge("fan_speed_pct", 0.01)
+
+    def _pstate(self) -> Iterable[Observation]:
+        return self._gauge("pstate")
+
+    def _dropped(self) -> Iterable[Observation]:
+        yield Observation(self._sampler.dropped)
+
+
+def _create(meter: Meter, spec: N.MetricSpec, callback: Callback) -> Any:
+    factory = {
+        "gauge": meter.create_observable_gauge,
+        "counter": meter.create_observable_counter,
+        "updowncounter": meter.create_observable_up_down_counter,
+    }[spec.instrument]
+    return factory(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
+
+
+def register_gpu_metrics(meter: Meter, sampler: BaseGpuSampler) -> GpuMetricsHandle:
+    """Create the GPU observable instruments over ``sampler`` (see ``docs/metrics.md``).
+
+    Returns a handle whose ``unregister()``/``close()`` silences them. Never raises
+    for sampler problems: a sampler without devices yields only the sampler metrics.
+    """
+    return GpuMetricsHandle(meter, sampler)
+
+
+__all__ = ["GpuMetricsHandle", "register_gpu_metrics"]

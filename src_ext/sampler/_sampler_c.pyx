@@ -1,0 +1,286 @@
+# cython: language_level=3, embedsignature=True
+"""Native sampler core: the C loop of otg_sampler.h on threads that never hold the GIL.
+
+``NativeCore`` has exactly the interface of ``otelgpu.sampler._core_py.PyCore``
+(the executable specification); ``otelgpu.sampler.GpuSampler`` drives either. The
+sampling loop and the XID waiter run inside ``with nogil`` for their whole life:
+they call only ``noexcept nogil`` C functions, allocate no Python objects and
+never raise. Python objects are created only by the query methods, on the
+caller's thread, from records copied out under a short C mutex.
+"""
+
+import threading
+
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport strncpy
+
+cdef extern from "otg_sampler.h" nogil:
+    ctypedef struct otg_nvml_t:
+        char error[512]
+
+    ctypedef struct otg_sample_t:
+        int64_t t_ns
+        uint32_t valid, status, nerrors
+        uint32_t gpu_util, mem_util
+        uint64_t mem_used, mem_total
+        uint32_t power_mw, temperature_c
+        uint64_t energy_mj
+        uint32_t sm_clock_mhz, mem_clock_mhz
+        uint64_t reasons
+        uint64_t throttle_ns[8]
+        uint64_t pcie_tx, pcie_rx, nvlink_tx, nvlink_rx
+        uint64_t ecc_corr, ecc_uncorr
+        uint32_t fan_pct, pstate
+
+    ctypedef struct otg_event_t:
+        int64_t t_ns
+        int32_t dev, kind
+        uint64_t code, detail
+
+    ctypedef struct otg_device_t:
+        char uuid[96]
+        uint32_t caps, disabled
+        int lost
+        int64_t lost_t_ns
+        uint64_t lost_code, errors
+        unsigned int last_error
+
+    ctypedef struct otg_window_t:
+        uint64_t samples
+        int lost
+        uint32_t valid
+        double gpu_util_mean, gpu_util_min, gpu_util_max, mem_util_mean
+        uint64_t mem_used_peak, mem_total
+        double power_mean_w, power_max_w, energy_j
+        int energy_from_counter
+        uint32_t temp_max
+        double sm_clock_mean
+        uint64_t reasons
+        double throttled_fraction
+        uint64_t ecc_corr_delta, ecc_uncorr_delta, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx
+
+    ctypedef struct otg_state_t:
+        otg_nvml_t nvml
+        int inited, ndev
+        otg_device_t *dev
+        uint64_t ticks, samples, dropped, overwritten, ev_dropped, ev_cap
+        int64_t busy_ns
+        void *evset
+
+    otg_state_t *otg_create(int ndev, uint64_t cap, int64_t interval_ns, int64_t offset_ns,
+                            uint64_t ev_cap)
+    void otg_destroy(otg_state_t *st)
+    int otg_open(otg_state_t *st, const char *path)
+    void otg_probe(otg_state_t *st)
+    int otg_events_open(otg_state_t *st)
+    void otg_close(otg_state_t *st)
+    void otg_tick(otg_state_t *st, int64_t t_ns, int from_loop)
+    void otg_loop(otg_state_t *st)
+    void otg_waiter(otg_state_t *st)
+    void otg_request_stop(otg_state_t *st)
+    void otg_clear_stop(otg_state_t *st)
+    int otg_latest(otg_state_t *st, int i, otg_sample_t *out)
+    int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_window_t *w)
+    int otg_events_copy(otg_state_t *st, int64_t s_ns, int64_t e_ns, int dev, int kind,
+                        otg_event_t *out, int maxn)
+    void otg_after_fork(otg_state_t *st)
+    void otg_lock_data(otg_state_t *st)
+    void otg_unlock_data(otg_state_t *st)
+    uint32_t otg_take_disabled(otg_state_t *st, int i)
+    int OTG_NTHROTTLE
+
+
+cdef class NativeCore:
+    """Sampler core in C; see ``PyCore`` for the contract of every method.
+
+    Args:
+        uuids: devices by UUID (index i everywhere below).
+        interval_ns: sampling period.
+        capacity: ring slots per device.
+        offset_ns: ``time.time_ns() - time.monotonic_ns()`` captured by the caller.
+        event_capacity: retained events.
+    """
+
+    cdef otg_state_t *_st
+    cdef object _threads
+    cdef int _ndev
+    cdef public str kind
+
+    def __cinit__(self, uuids, int64_t interval_ns, uint64_t capacity, int64_t offset_ns,
+                  uint64_t event_capacity):
+        cdef bytes raw
+        self._ndev = len(uuids)
+        self._st = otg_create(self._ndev, capacity, interval_ns, offset_ns, event_capacity)
+        if self._st == NULL:
+            raise MemoryError("otelgpu: cannot allocate the sampler's ring buffers")
+        for i, uuid in enumerate(uuids):
+            raw = uuid.encode()
+            strncpy(self._st.dev[i].uuid, raw, 95)
+        self._threads = []
+        self.kind = "native"
+
+    def __dealloc__(self):
+        # Threads hold a reference to self (bound methods), so none runs here.
+        if self._st != NULL:
+            otg_destroy(self._st)
+            self._st = NULL
+
+    def open(self, str library):
+        """nvmlInit through the dlopen/dlsym table; the error text, or None."""
+        cdef bytes path = library.encode()
+        cdef const char *cpath = path
+        cdef int rc
+        with nogil:
+            rc = otg_open(self._st, cpath)
+        if rc != 0:
+            return self._st.nvml.error.decode(errors="replace")
+        return None
+
+    def probe(self):
+        """One unstored sample per device: capability bits and lost devices."""
+        with nogil:
+            otg_probe(self._st)
+
+    def events_open(self):
+        """Register XID events; True when they will be delivered."""
+        cdef int rc
+        with nogil:
+            rc = otg_events_open(self._st)
+        return rc == 0
+
+    def _run_loop(self):
+        with nogil:
+            otg_loop(self._st)
+
+    def _run_waiter(self):
+        with nogil:
+            otg_waiter(self._st)
+
+    def start(self):
+        """Start the sampling thread (and the XID waiter when events are open)."""
+        otg_clear_stop(self._st)
+        threads = [threading.Thread(target=self._run_loop, name="otelgpu-sampler", daemon=True)]
+        if self._st.evset != NULL:
+            threads.append(
+                threading.Thread(target=self._run_waiter, name="otelgpu-xid", daemon=True)
+            )
+        self._threads = threads
+        for t in threads:
+            t.start()
+
+    def stop(self, double timeout_s):
+        """Ask the threads to stop and join them; True when all exited in time."""
+        import time
+        with nogil:
+            otg_request_stop(self._st)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        alive = [t for t in self._threads if t.is_alive()]
+        self._threads = alive
+        return not alive
+
+    @property
+    def running(self):
+        """True while a sampling thread is alive."""
+        return any(t.is_alive() for t in self._threads)
+
+    def close(self):
+        """Free the event set and balance nvmlInit (after stop())."""
+        with nogil:
+            otg_close(self._st)
+
+    def after_fork_in_child(self):
+        """Forget the parent's threads, samples, events and NVML state."""
+        self._threads = []
+        otg_after_fork(self._st)
+
+    def sample_once(self, int64_t timestamp_ns=0):
+        """Take one sample of every device now (stamped timestamp_ns unless 0)."""
+        with nogil:
+            otg_tick(self._st, timestamp_ns, 0)
+
+    def latest(self, int i):
+        """Device i's newest raw record (PyCore.RAW_SAMPLE_FIELDS order), or None."""
+        cdef otg_sample_t s
+        cdef int found
+        if i < 0 or i >= self._ndev:
+            return None
+        with nogil:
+            found = otg_latest(self._st, i, &s)
+        if not found:
+            return None
+        return (
+            s.t_ns, s.valid, s.status, s.nerrors, s.gpu_util, s.mem_util, s.mem_used,
+            s.mem_total, s.power_mw, s.temperature_c, s.energy_mj, s.sm_clock_mhz,
+            s.mem_clock_mhz, s.reasons,
+            (s.throttle_ns[0], s.throttle_ns[1], s.throttle_ns[2], s.throttle_ns[3],
+             s.throttle_ns[4], s.throttle_ns[5], s.throttle_ns[6], s.throttle_ns[7]),
+            s.pcie_tx, s.pcie_rx, s.nvlink_tx, s.nvlink_rx, s.ecc_corr, s.ecc_uncorr,
+            s.fan_pct, s.pstate,
+        )
+
+    def window(self, int i, int64_t s_ns, int64_t e_ns):
+        """Raw window statistics (PyCore.RAW_WINDOW_FIELDS order), or None."""
+        cdef otg_window_t w
+        cdef int found
+        if i < 0 or i >= self._ndev:
+            return None
+        with nogil:
+            found = otg_window(self._st, i, s_ns, e_ns, &w)
+        if not found:
+            return None
+        return (
+            w.samples, w.lost, w.valid, w.gpu_util_mean, w.gpu_util_min, w.gpu_util_max,
+            w.mem_util_mean, w.mem_used_peak, w.mem_total, w.power_mean_w, w.power_max_w,
+            w.energy_j, w.energy_from_counter, w.temp_max, w.sm_clock_mean, w.reasons,
+            w.throttled_fraction, w.ecc_corr_delta, w.ecc_uncorr_delta, w.pcie_tx, w.pcie_rx,
+            w.nvlink_tx, w.nvlink_rx,
+        )
+
+    def events(self, int64_t s_ns, int64_t e_ns, int dev=-1, int kind=-1):
+        """Retained raw events (t, dev, kind, code, detail) in [s_ns, e_ns], oldest first."""
+        cdef otg_event_t small[32]
+        cdef otg_event_t *buf = small
+        cdef int maxn = 32
+        cdef int n
+        with nogil:
+            n = otg_events_copy(self._st, s_ns, e_ns, dev, kind, buf, maxn)
+        if n == maxn:  # maybe more: copy again into a buffer for the whole ring
+            maxn = <int>self._st.ev_cap
+            buf = <otg_event_t *>malloc(maxn * sizeof(otg_event_t))
+            if buf == NULL:
+                raise MemoryError()
+            with nogil:
+                n = otg_events_copy(self._st, s_ns, e_ns, dev, kind, buf, maxn)
+        try:
+            return [(buf[k].t_ns, buf[k].dev, buf[k].kind, buf[k].code, buf[k].detail)
+                    for k in range(n)]
+        finally:
+            if buf != small:
+                free(buf)
+
+    def device_state(self, int i):
+        """(caps, disabled, lost, lost_t_ns, lost_code, errors, last_error)."""
+        cdef otg_device_t *d = &self._st.dev[i]
+        otg_lock_data(self._st)
+        result = (d.caps, d.disabled, bool(d.lost), d.lost_t_ns, d.lost_code, d.errors,
+                  d.last_error)
+        otg_unlock_data(self._st)
+        return result
+
+    def take_disabled(self, int i):
+        """Fields switched off since the previous call (for logging each once)."""
+        cdef uint32_t disabled
+        with nogil:
+            disabled = otg_take_disabled(self._st, i)
+        return disabled
+
+    def counters(self):
+        """(ticks, samples, dropped, overwritten, events_dropped, busy_ns)."""
+        cdef otg_state_t *st = self._st
+        otg_lock_data(st)
+        result = (st.ticks, st.samples, st.dropped, st.overwritten, st.ev_dropped, st.busy_ns)
+        otg_unlock_data(st)
+        return result

@@ -1,0 +1,826 @@
+/*
+ * otelgpu native sampler core: GIL-free sampling loop, XID waiter, per-device ring
+ * buffers and window statistics. Pure C, no Python objects: every function here
+ * may run with the GIL released, never allocates Python objects and never raises.
+ * The pure-Python twin (otelgpu/sampler/_core_py.py) implements the same rules and
+ * the same formulas, so both twins give identical windows for identical samples.
+ *
+ * Clock: t_ns = CLOCK_MONOTONIC + offset_ns, where Python captures
+ * offset_ns = time.time_ns() - time.monotonic_ns() once per sampler. Timestamps are
+ * comparable with OpenTelemetry span times yet never jump with the wall clock, so
+ * each ring is sorted by time (pushes clamp t to the previous sample's t).
+ *
+ * Locks (none is held while calling NVML):
+ *   tick_lock - one tick at a time (the loop thread vs. sample_once());
+ *   data_lock - rings, the event ring and the per-device lost flags; held only to
+ *               copy one record in, or for one window computation (a binary search
+ *               plus a linear pass over the window's samples);
+ *   wake_lock/wake - the loop's and the waiter's interruptible sleep.
+ *
+ * Record layout: otg_sample_t below, one per device per tick. `valid` has one
+ * OTG_F_* bit per field present in this sample; a field is absent when the device
+ * does not support it (its bit is also cleared from the device's capability mask,
+ * so it is never asked again) or when the call failed this time (counted in
+ * `nerrors`, status OTG_STATUS_FIELD_ERRORS).
+ */
+#ifndef OTG_SAMPLER_H
+#define OTG_SAMPLER_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "otg_nvml.h"
+
+/* ---- sample fields ------------------------------------------------------ */
+#define OTG_F_UTIL (1u << 0)      /* gpu_util, mem_util (percent) */
+#define OTG_F_MEMORY (1u << 1)    /* mem_used, mem_total (bytes) */
+#define OTG_F_POWER (1u << 2)     /* power_mw */
+#define OTG_F_ENERGY (1u << 3)    /* energy_mj, cumulative since driver load (field 83) */
+#define OTG_F_TEMP (1u << 4)      /* temperature_c */
+#define OTG_F_SM_CLOCK (1u << 5)  /* sm_clock_mhz */
+#define OTG_F_MEM_CLOCK (1u << 6) /* mem_clock_mhz */
+#define OTG_F_REASONS (1u << 7)   /* clock-event (throttle) reasons bitmask */
+#define OTG_F_THR0 (1u << 8)      /* throttle_ns[k] is bit OTG_F_THR0 << k, k < 8 */
+#define OTG_F_PCIE_TX (1u << 16)  /* cumulative bytes (field 197) */
+#define OTG_F_PCIE_RX (1u << 17)  /* field 198 */
+#define OTG_F_NVLINK_TX (1u << 18) /* cumulative bytes, all links (field 138 KiB x 1024) */
+#define OTG_F_NVLINK_RX (1u << 19) /* field 139 */
+#define OTG_F_ECC_CORR (1u << 20) /* volatile corrected ECC total (field 3) */
+#define OTG_F_ECC_UNCORR (1u << 21) /* volatile uncorrected ECC total (field 4) */
+#define OTG_F_FAN (1u << 22)      /* fan_pct */
+#define OTG_F_PSTATE (1u << 23)   /* pstate 0..15 */
+#define OTG_F_ALL 0x00FFFFFFu
+#define OTG_NTHROTTLE 8
+#define OTG_NFIELDS 15
+
+#define OTG_STATUS_OK 0u
+#define OTG_STATUS_FIELD_ERRORS 1u
+#define OTG_STATUS_LOST 2u
+
+/* Reasons that mean "clocks are held down" (not idle, app clocks, sync boost, display). */
+#define OTG_THROTTLE_MASK 0x6ECull
+/* Energy counter refresh (~100 ms, nvml.md section 7): shorter spans use power x time. */
+#define OTG_ENERGY_MIN_SPAN_NS 100000000ll
+/* Waiter's nvmlEventSetWait timeout: bounds how long stop() waits for it. */
+#define OTG_WAIT_MS 100u
+
+#define OTG_EV_XID 0
+#define OTG_EV_ECC_UNCORRECTED 1
+#define OTG_EV_DEVICE_LOST 2
+#define OTG_EV_THROTTLE_START 3
+
+/* Field-value requests, one nvmlDeviceGetFieldValues call per device and round:
+ * energy (83, mJ, = nvmlDeviceGetTotalEnergyConsumption), volatile ECC totals (3
+ * corrected / 4 uncorrected), throttle ns (74,76,77,78,79,269,270,271), PCIe bytes
+ * (197/198) and NVLink KiB over all links (138/139). Batching these keeps a round at
+ * 9-10 NVML calls per device, which matters because calls serialize in the driver. */
+static const struct { unsigned int id, scope; uint32_t bit; } OTG_FIELD_TABLE[OTG_NFIELDS] = {
+    {83, 0, OTG_F_ENERGY},     {3, 0, OTG_F_ECC_CORR},    {4, 0, OTG_F_ECC_UNCORR},
+    {74, 0, OTG_F_THR0 << 0},  {76, 0, OTG_F_THR0 << 1},  {77, 0, OTG_F_THR0 << 2},
+    {78, 0, OTG_F_THR0 << 3},  {79, 0, OTG_F_THR0 << 4},  {269, 0, OTG_F_THR0 << 5},
+    {270, 0, OTG_F_THR0 << 6}, {271, 0, OTG_F_THR0 << 7}, {197, 0, OTG_F_PCIE_TX},
+    {198, 0, OTG_F_PCIE_RX},   {138, OTG_SCOPE_ALL_LINKS, OTG_F_NVLINK_TX},
+    {139, OTG_SCOPE_ALL_LINKS, OTG_F_NVLINK_RX},
+};
+
+typedef struct {
+    int64_t t_ns;
+    uint32_t valid, status, nerrors, pad;
+    uint32_t gpu_util, mem_util;
+    uint64_t mem_used, mem_total;
+    uint32_t power_mw, temperature_c;
+    uint64_t energy_mj;
+    uint32_t sm_clock_mhz, mem_clock_mhz;
+    uint64_t reasons;
+    uint64_t throttle_ns[OTG_NTHROTTLE];
+    uint64_t pcie_tx, pcie_rx, nvlink_tx, nvlink_rx;
+    uint64_t ecc_corr, ecc_uncorr;
+    uint32_t fan_pct, pstate;
+} otg_sample_t;
+
+typedef struct {
+    int64_t t_ns;
+    int32_t dev, kind;
+    uint64_t code, detail;
+} otg_event_t;
+
+typedef struct {
+    otg_dev_t handle;
+    char uuid[96];
+    uint32_t caps;     /* fields still asked for */
+    uint32_t disabled; /* fields switched off since Python last drained them */
+    int lost;
+    int64_t lost_t_ns;
+    uint64_t lost_code;
+    uint64_t errors;
+    otg_ret_t last_error;
+    int have_prev_ecc;
+    uint64_t prev_ecc_uncorr, prev_throttle;
+    otg_sample_t *ring;
+    uint64_t head; /* samples ever pushed; slot = index % cap */
+} otg_device_t;
+
+typedef struct {
+    uint64_t samples;
+    int lost;
+    uint32_t valid; /* OTG_F_* bits: which outputs below are meaningful */
+    double gpu_util_mean, gpu_util_min, gpu_util_max, mem_util_mean;
+    uint64_t mem_used_peak, mem_total;
+    double power_mean_w, power_max_w;
+    double energy_j;
+    int energy_from_counter;
+    uint32_t temp_max;
+    double sm_clock_mean;
+    uint64_t reasons;
+    double throttled_fraction;
+    uint64_t ecc_corr_delta, ecc_uncorr_delta, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx;
+} otg_window_t;
+
+typedef struct {
+    otg_nvml_t nvml;
+    int loaded, inited;
+    int ndev;
+    otg_device_t *dev;
+    uint64_t cap;
+    int64_t interval_ns, offset_ns;
+    pthread_mutex_t data_lock, tick_lock, wake_lock;
+    pthread_cond_t wake;
+    int stop; /* read/written with __atomic builtins */
+    otg_evset_t evset;
+    otg_event_t *events;
+    uint64_t ev_cap, ev_head, ev_dropped;
+    uint64_t ticks, samples, dropped, overwritten;
+    int64_t busy_ns;
+} otg_state_t;
+
+/* ---- time and locks ----------------------------------------------------- */
+
+static int64_t otg_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static int64_t otg_now_ns(const otg_state_t *st) { return otg_mono_ns() + st->offset_ns; }
+
+static int otg_stopping(otg_state_t *st) { return __atomic_load_n(&st->stop, __ATOMIC_ACQUIRE); }
+
+static void otg_init_locks(otg_state_t *st)
+{
+    pthread_condattr_t ca;
+    pthread_mutex_init(&st->data_lock, NULL);
+    pthread_mutex_init(&st->tick_lock, NULL);
+    pthread_mutex_init(&st->wake_lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&st->wake, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+/* Sleep until the monotonic deadline or until otg_request_stop(). */
+static void otg_sleep_until(otg_state_t *st, int64_t deadline_mono_ns)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline_mono_ns / 1000000000ll);
+    ts.tv_nsec = (long)(deadline_mono_ns % 1000000000ll);
+    pthread_mutex_lock(&st->wake_lock);
+    while (!otg_stopping(st) && otg_mono_ns() < deadline_mono_ns) {
+        if (pthread_cond_timedwait(&st->wake, &st->wake_lock, &ts) == ETIMEDOUT) break;
+    }
+    pthread_mutex_unlock(&st->wake_lock);
+}
+
+static void otg_request_stop(otg_state_t *st)
+{
+    pthread_mutex_lock(&st->wake_lock);
+    __atomic_store_n(&st->stop, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&st->wake);
+    pthread_mutex_unlock(&st->wake_lock);
+}
+
+static void otg_clear_stop(otg_state_t *st) { __atomic_store_n(&st->stop, 0, __ATOMIC_RELEASE); }
+
+/* ---- life cycle ---------------------------------------------------------- */
+
+static void otg_destroy(otg_state_t *st)
+{
+    if (st == NULL) return;
+    if (st->dev != NULL) {
+        for (int i = 0; i < st->ndev; i++) free(st->dev[i].ring);
+        free(st->dev);
+    }
+    free(st->events);
+    free(st);
+}
+
+/* Allocate a state for ndev devices; NULL when out of memory. */
+static otg_state_t *otg_create(int ndev, uint64_t cap, int64_t interval_ns, int64_t offset_ns,
+                               uint64_t ev_cap)
+{
+    otg_state_t *st = (otg_state_t *)calloc(1, sizeof(otg_state_t));
+    if (st == NULL) return NULL;
+    st->ndev = ndev;
+    st->cap = cap < 2 ? 2 : cap;
+    st->interval_ns = interval_ns;
+    st->offset_ns = offset_ns;
+    st->ev_cap = ev_cap < 16 ? 16 : ev_cap;
+    st->dev = (otg_device_t *)calloc(ndev > 0 ? (size_t)ndev : 1, sizeof(otg_device_t));
+    st->events = (otg_event_t *)calloc((size_t)st->ev_cap, sizeof(otg_event_t));
+    if (st->dev == NULL || st->events == NULL) {
+        otg_destroy(st);
+        return NULL;
+    }
+    for (int i = 0; i < ndev; i++) {
+        st->dev[i].caps = OTG_F_ALL;
+        st->dev[i].ring = (otg_sample_t *)calloc((size_t)st->cap, sizeof(otg_sample_t));
+        if (st->dev[i].ring == NULL) {
+            otg_destroy(st);
+            return NULL;
+        }
+    }
+    otg_init_locks(st);
+    return st;
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+/* data_lock held. */
+static void otg_push_event(otg_state_t *st, int64_t t_ns, int dev, int kind, uint64_t code,
+                           uint64_t detail)
+{
+    otg_event_t *e = &st->events[st->ev_head % st->ev_cap];
+    if (st->ev_head >= st->ev_cap) st->ev_dropped++;
+    e->t_ns = t_ns;
+    e->dev = dev;
+    e->kind = kind;
+    e->code = code;
+    e->detail = detail;
+    st->ev_head++;
+}
+
+/* data_lock held: first loss of a device records a device_lost event. */
+static void otg_mark_lost(otg_state_t *st, int i, int64_t t_ns, uint64_t code)
+{
+    otg_device_t *d = &st->dev[i];
+    if (d->lost) return;
+    d->lost = 1;
+    d->lost_t_ns = t_ns;
+    d->lost_code = code;
+    otg_push_event(st, t_ns, i, OTG_EV_DEVICE_LOST, code, 0);
+}
+
+/* ---- NVML open / close --------------------------------------------------- */
+
+/*
+ * Load the library (once), nvmlInit, resolve each device's handle by UUID.
+ * Returns 0, or -1 with st->nvml.error set (library or init failure). A device
+ * whose handle cannot be obtained is marked lost (code = NVML return value).
+ */
+static int otg_open(otg_state_t *st, const char *path)
+{
+    if (!st->loaded) {
+        if (otg_nvml_load(&st->nvml, path) != 0) return -1;
+        st->loaded = 1;
+    }
+    if (!st->inited) {
+        otg_ret_t r = st->nvml.Init();
+        if (r != OTG_NVML_SUCCESS) {
+            snprintf(st->nvml.error, sizeof st->nvml.error, "nvmlInit failed with NVML error %u",
+                     r);
+            return -1;
+        }
+        st->inited = 1;
+    }
+    for (int i = 0; i < st->ndev; i++) {
+        otg_device_t *d = &st->dev[i];
+        otg_ret_t r = st->nvml.DeviceGetHandleByUUID(d->uuid, &d->handle);
+        if (r != OTG_NVML_SUCCESS) {
+            pthread_mutex_lock(&st->data_lock);
+            otg_mark_lost(st, i, otg_now_ns(st), r);
+            pthread_mutex_unlock(&st->data_lock);
+        }
+    }
+    return 0;
+}
+
+/* Create the event set and register XID events; 0 when XIDs will be delivered. */
+static int otg_events_open(otg_state_t *st)
+{
+    otg_nvml_t *n = &st->nvml;
+    int registered = 0;
+    if (st->evset != NULL) return 0;
+    if (n->EventSetCreate == NULL || n->DeviceRegisterEvents == NULL || n->EventSetWait == NULL)
+        return -1;
+    if (n->EventSetCreate(&st->evset) != OTG_NVML_SUCCESS) {
+        st->evset = NULL;
+        return -1;
+    }
+    for (int i = 0; i < st->ndev; i++) {
+        unsigned long long supported = OTG_EVENT_XID;
+        if (st->dev[i].lost) continue;
+        if (n->DeviceGetSupportedEventTypes != NULL &&
+            n->DeviceGetSupportedEventTypes(st->dev[i].handle, &supported) != OTG_NVML_SUCCESS)
+            continue;
+        if (!(supported & OTG_EVENT_XID)) continue;
+        if (n->DeviceRegisterEvents(st->dev[i].handle, OTG_EVENT_XID, st->evset) ==
+            OTG_NVML_SUCCESS)
+            registered++;
+    }
+    if (registered == 0) {
+        if (n->EventSetFree != NULL) n->EventSetFree(st->evset);
+        st->evset = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Free the event set and balance nvmlInit (threads must have stopped). */
+static void otg_close(otg_state_t *st)
+{
+    if (st->evset != NULL && st->nvml.EventSetFree != NULL) st->nvml.EventSetFree(st->evset);
+    st->evset = NULL;
+    if (st->inited && st->nvml.Shutdown != NULL) st->nvml.Shutdown();
+    st->inited = 0;
+}
+
+/* ---- sampling ------------------------------------------------------------ */
+
+#define OTG_CALL(fn, ...) ((fn) != NULL ? (fn)(__VA_ARGS__) : OTG_NVML_ERROR_FUNCTION_NOT_FOUND)
+
+static int otg_is_lost_code(otg_ret_t r) { return r == OTG_NVML_ERROR_GPU_IS_LOST || r == 28u; }
+
+/* Classify one NVML result for the fields in `bits`; 1 when the values are valid. */
+static int otg_check(otg_device_t *d, otg_sample_t *s, uint32_t bits, otg_ret_t r)
+{
+    if (r == OTG_NVML_SUCCESS) {
+        s->valid |= bits;
+        return 1;
+    }
+    if (r == OTG_NVML_ERROR_NOT_SUPPORTED || r == OTG_NVML_ERROR_FUNCTION_NOT_FOUND) {
+        __atomic_and_fetch(&d->caps, ~bits, __ATOMIC_RELAXED);
+        __atomic_or_fetch(&d->disabled, bits, __ATOMIC_RELAXED);
+    } else if (otg_is_lost_code(r)) {
+        s->status = OTG_STATUS_LOST;
+        d->last_error = r;
+    } else {
+        s->nerrors++;
+        d->errors++;
+        d->last_error = r;
+    }
+    return 0;
+}
+
+#define OTG_LOST(s) ((s)->status == OTG_STATUS_LOST)
+
+/* Take one sample of device d (no lock held: only NVML calls and local writes). */
+static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, int64_t t_ns)
+{
+    otg_ret_t r;
+    otg_dev_t h = d->handle;
+    memset(s, 0, sizeof *s);
+    s->t_ns = t_ns;
+    if ((d->caps & OTG_F_UTIL) && !OTG_LOST(s)) {
+        otg_utilization_t u;
+        r = OTG_CALL(n->DeviceGetUtilizationRates, h, &u);
+        if (otg_check(d, s, OTG_F_UTIL, r)) {
+            s->gpu_util = u.gpu;
+            s->mem_util = u.memory;
+        }
+    }
+    if ((d->caps & OTG_F_MEMORY) && !OTG_LOST(s)) {
+        otg_memory_t m;
+        r = OTG_CALL(n->DeviceGetMemoryInfo, h, &m);
+        if (otg_check(d, s, OTG_F_MEMORY, r)) {
+            s->mem_used = m.used;
+            s->mem_total = m.total;
+        }
+    }
+    if ((d->caps & OTG_F_POWER) && !OTG_LOST(s)) {
+        unsigned int mw;
+        r = OTG_CALL(n->DeviceGetPowerUsage, h, &mw);
+        if (otg_check(d, s, OTG_F_POWER, r)) s->power_mw = mw;
+    }
+    if ((d->caps & OTG_F_TEMP) && !OTG_LOST(s)) {
+        unsigned int c;
+        r = OTG_CALL(n->DeviceGetTemperature, h, OTG_TEMPERATURE_GPU, &c);
+        if (otg_check(d, s, OTG_F_TEMP, r)) s->temperature_c = c;
+    }
+    if ((d->caps & OTG_F_SM_CLOCK) && !OTG_LOST(s)) {
+        unsigned int mhz;
+        r = OTG_CALL(n->DeviceGetClockInfo, h, OTG_CLOCK_SM, &mhz);
+        if (otg_check(d, s, OTG_F_SM_CLOCK, r)) s->sm_clock_mhz = mhz;
+    }
+    if ((d->caps & OTG_F_MEM_CLOCK) && !OTG_LOST(s)) {
+        unsigned int mhz;
+        r = OTG_CALL(n->DeviceGetClockInfo, h, OTG_CLOCK_MEM, &mhz);
+        if (otg_check(d, s, OTG_F_MEM_CLOCK, r)) s->mem_clock_mhz = mhz;
+    }
+    if ((d->caps & OTG_F_REASONS) && !OTG_LOST(s)) {
+        unsigned long long reasons;
+        r = OTG_CALL(n->DeviceGetCurrentClocksEventReasons, h, &reasons);
+        if (otg_check(d, s, OTG_F_REASONS, r)) s->reasons = reasons;
+    }
+    if (!OTG_LOST(s)) {
+        otg_field_value_t fv[OTG_NFIELDS];
+        uint32_t bit[OTG_NFIELDS];
+        int nf = 0;
+        memset(fv, 0, sizeof fv);
+        for (int k = 0; k < OTG_NFIELDS; k++) {
+            if (!(d->caps & OTG_FIELD_TABLE[k].bit)) continue;
+            fv[nf].fieldId = OTG_FIELD_TABLE[k].id;
+            fv[nf].scopeId = OTG_FIELD_TABLE[k].scope;
+            bit[nf++] = OTG_FIELD_TABLE[k].bit;
+        }
+        if (nf > 0) {
+            r = OTG_CALL(n->DeviceGetFieldValues, h, nf, fv);
+            if (r != OTG_NVML_SUCCESS) {
+                uint32_t all = 0;
+                for (int k = 0; k < nf; k++) all |= bit[k];
+                otg_check(d, s, all, r);
+            } else {
+                for (int k = 0; k < nf; k++) {
+                    if (!otg_check(d, s, bit[k], fv[k].nvmlReturn)) continue;
+                    unsigned long long v = otg_field_u64(&fv[k]);
+                    if (bit[k] == OTG_F_ENERGY) s->energy_mj = v;
+                    else if (bit[k] == OTG_F_ECC_CORR) s->ecc_corr = v;
+                    else if (bit[k] == OTG_F_ECC_UNCORR) s->ecc_uncorr = v;
+                    else if (bit[k] == OTG_F_PCIE_TX) s->pcie_tx = v;
+                    else if (bit[k] == OTG_F_PCIE_RX) s->pcie_rx = v;
+                    else if (bit[k] == OTG_F_NVLINK_TX) s->nvlink_tx = v * 1024ull;
+                    else if (bit[k] == OTG_F_NVLINK_RX) s->nvlink_rx = v * 1024ull;
+                    else {
+                        for (int j = 0; j < OTG_NTHROTTLE; j++)
+                            if (bit[k] == (OTG_F_THR0 << j)) s->throttle_ns[j] = v;
+                    }
+                }
+            }
+        }
+    }
+    if ((d->caps & OTG_F_FAN) && !OTG_LOST(s)) {
+        unsigned int pct;
+        r = OTG_CALL(n->DeviceGetFanSpeed, h, &pct);
+        if (otg_check(d, s, OTG_F_FAN, r)) s->fan_pct = pct;
+    }
+    if ((d->caps & OTG_F_PSTATE) && !OTG_LOST(s)) {
+        unsigned int p;
+        r = OTG_CALL(n->DeviceGetPerformanceState, h, &p);
+        if (otg_check(d, s, OTG_F_PSTATE, r)) s->pstate = p;
+    }
+    if (s->status != OTG_STATUS_LOST && s->nerrors > 0) s->status = OTG_STATUS_FIELD_ERRORS;
+}
+
+/* data_lock held: append s to device i's ring and derive events from it. */
+static void otg_push_sample(otg_state_t *st, int i, otg_sample_t *s)
+{
+    otg_device_t *d = &st->dev[i];
+    if (d->head > 0) {
+        int64_t prev_t = d->ring[(d->head - 1) % st->cap].t_ns;
+        if (s->t_ns < prev_t) s->t_ns = prev_t; /* keep each ring sorted by time */
+    }
+    if (d->head >= st->cap) st->overwritten++;
+    d->ring[d->head % st->cap] = *s;
+    d->head++;
+    st->samples++;
+    if (s->valid & OTG_F_ECC_UNCORR) {
+        if (d->have_prev_ecc && s->ecc_uncorr > d->prev_ecc_uncorr)
+            otg_push_event(st, s->t_ns, i, OTG_EV_ECC_UNCORRECTED,
+                           s->ecc_uncorr - d->prev_ecc_uncorr, s->ecc_uncorr);
+        d->prev_ecc_uncorr = s->ecc_uncorr;
+        d->have_prev_ecc = 1;
+    }
+    if (s->valid & OTG_F_REASONS) {
+        uint64_t cur = s->reasons & OTG_THROTTLE_MASK;
+        uint64_t started = cur & ~d->prev_throttle;
+        if (started) otg_push_event(st, s->t_ns, i, OTG_EV_THROTTLE_START, started, cur);
+        d->prev_throttle = cur;
+    }
+    if (s->status == OTG_STATUS_LOST) otg_mark_lost(st, i, s->t_ns, d->last_error);
+}
+
+/*
+ * One tick: sample every device that is not lost. t_ns = 0 stamps each sample with
+ * the sampler clock when its device is read; any other value stamps them all with
+ * t_ns (sample_once(timestamp_ns=...)). from_loop: give up between devices once a
+ * stop was requested, so stop() is bounded by one device's calls.
+ */
+static void otg_tick(otg_state_t *st, int64_t t_ns, int from_loop)
+{
+    otg_sample_t s;
+    pthread_mutex_lock(&st->tick_lock);
+    for (int i = 0; i < st->ndev; i++) {
+        int lost;
+        if (from_loop && otg_stopping(st)) break;
+        pthread_mutex_lock(&st->data_lock);
+        lost = st->dev[i].lost;
+        pthread_mutex_unlock(&st->data_lock);
+        if (lost || !st->inited) continue;
+        otg_sample_device(&st->nvml, &st->dev[i], &s, t_ns != 0 ? t_ns : otg_now_ns(st));
+        pthread_mutex_lock(&st->data_lock);
+        if (!st->dev[i].lost) otg_push_sample(st, i, &s);
+        pthread_mutex_unlock(&st->data_lock);
+    }
+    st->ticks++;
+    pthread_mutex_unlock(&st->tick_lock);
+}
+
+/* Capability probe: one sample of each device, not stored. Unsupported fields are
+ * switched off (reported through `disabled`), unreachable devices marked lost. */
+static void otg_probe(otg_state_t *st)
+{
+    otg_sample_t s;
+    pthread_mutex_lock(&st->tick_lock);
+    for (int i = 0; i < st->ndev; i++) {
+        if (st->dev[i].lost || !st->inited) continue;
+        otg_sample_device(&st->nvml, &st->dev[i], &s, otg_now_ns(st));
+        if (s.status == OTG_STATUS_LOST) {
+            pthread_mutex_lock(&st->data_lock);
+            otg_mark_lost(st, i, s.t_ns, st->dev[i].last_error);
+            pthread_mutex_unlock(&st->data_lock);
+        }
+    }
+    pthread_mutex_unlock(&st->tick_lock);
+}
+
+/* The sampling thread's body: a tick every interval_ns until otg_request_stop(). */
+static void otg_loop(otg_state_t *st)
+{
+    int64_t next = otg_mono_ns();
+    while (!otg_stopping(st)) {
+        int64_t begin = otg_mono_ns(), now;
+        otg_tick(st, 0, 1);
+        now = otg_mono_ns();
+        st->busy_ns += now - begin;
+        next += st->interval_ns;
+        if (now - next >= st->interval_ns) {
+            /* Ticks that could not be taken on time are dropped, not bunched up. */
+            int64_t missed = (now - next) / st->interval_ns;
+            pthread_mutex_lock(&st->data_lock);
+            st->dropped += (uint64_t)missed;
+            pthread_mutex_unlock(&st->data_lock);
+            next += missed * st->interval_ns;
+        }
+        if (next > now) otg_sleep_until(st, next);
+    }
+}
+
+/* data_lock held: device index for an event's handle, or -1. */
+static int otg_device_of(otg_state_t *st, otg_dev_t h)
+{
+    for (int i = 0; i < st->ndev; i++)
+        if (st->dev[i].handle == h) return i;
+    return -1;
+}
+
+/* The XID waiter thread's body: nvmlEventSetWait with a short timeout until stop. */
+static void otg_waiter(otg_state_t *st)
+{
+    otg_event_data_t ev;
+    while (!otg_stopping(st) && st->evset != NULL) {
+        otg_ret_t r;
+        memset(&ev, 0, sizeof ev);
+        r = st->nvml.EventSetWait(st->evset, &ev, OTG_WAIT_MS);
+        if (r == OTG_NVML_SUCCESS) {
+            int64_t t = otg_now_ns(st);
+            pthread_mutex_lock(&st->data_lock);
+            int i = otg_device_of(st, ev.device);
+            if (i >= 0 && (ev.eventType & OTG_EVENT_XID)) {
+                otg_push_event(st, t, i, OTG_EV_XID, ev.eventData, ev.eventType);
+                if (ev.eventData == 79ull) otg_mark_lost(st, i, t, 79ull);
+            }
+            pthread_mutex_unlock(&st->data_lock);
+        } else if (r != OTG_NVML_ERROR_TIMEOUT) {
+            /* GPU_IS_LOST, UNINITIALIZED, ...: never busy-spin on a failing wait. */
+            otg_sleep_until(st, otg_mono_ns() + (int64_t)OTG_WAIT_MS * 1000000ll);
+        }
+    }
+}
+
+/* ---- reading --------------------------------------------------------------- */
+
+static void otg_lock_data(otg_state_t *st) { pthread_mutex_lock(&st->data_lock); }
+static void otg_unlock_data(otg_state_t *st) { pthread_mutex_unlock(&st->data_lock); }
+
+/* Fields switched off since the previous call (set atomically by the sampling thread). */
+static uint32_t otg_take_disabled(otg_state_t *st, int i)
+{
+    return __atomic_exchange_n(&st->dev[i].disabled, 0u, __ATOMIC_RELAXED);
+}
+
+/* Copy device i's newest sample; 1 when there is one. */
+static int otg_latest(otg_state_t *st, int i, otg_sample_t *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&st->data_lock);
+    otg_device_t *d = &st->dev[i];
+    if (d->head > 0) {
+        *out = d->ring[(d->head - 1) % st->cap];
+        found = 1;
+    }
+    pthread_mutex_unlock(&st->data_lock);
+    return found;
+}
+
+/* data_lock held: the k-th oldest retained sample of d (k < retained). */
+static const otg_sample_t *otg_at(const otg_state_t *st, const otg_device_t *d, uint64_t first,
+                                  uint64_t k)
+{
+    return &d->ring[(first + k) % st->cap];
+}
+
+/*
+ * Statistics of device i over [s_ns, e_ns] (both inclusive). The rules, shared
+ * with the pure twin (_core_py.window):
+ *   - used samples: those with s <= t <= e; when there are none, the newest
+ *     sample before s (the value in effect); none at all -> return 0;
+ *   - means are arithmetic means over used samples that have the field;
+ *   - counters (energy, ECC, PCIe, NVLink) are deltas between sample a (the newest
+ *     at or before s, else the first used one) and sample b (the last used one);
+ *   - energy_j = delta_mJ x (e - s) / (t_b - t_a) / 1000 when both the window and
+ *     t_b - t_a span at least the counter's ~100 ms refresh; else
+ *     power_mean_w x (e - s) / 1e9.
+ * Returns 1 with *w filled, 0 when there is no data.
+ */
+static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_window_t *w)
+{
+    memset(w, 0, sizeof *w);
+    if (e_ns < s_ns) return 0;
+    pthread_mutex_lock(&st->data_lock);
+    const otg_device_t *d = &st->dev[i];
+    uint64_t n = d->head < st->cap ? d->head : st->cap;
+    uint64_t first = d->head - n;
+    uint64_t lo = 0, hi = n, a, b, f, l;
+    /* lo = first k with t >= s */
+    uint64_t x = 0, y = n;
+    while (x < y) {
+        uint64_t m = x + (y - x) / 2;
+        if (otg_at(st, d, first, m)->t_ns < s_ns) x = m + 1;
+        else y = m;
+    }
+    lo = x;
+    /* hi = first k with t > e */
+    y = n;
+    while (x < y) {
+        uint64_t m = x + (y - x) / 2;
+        if (otg_at(st, d, first, m)->t_ns <= e_ns) x = m + 1;
+        else y = m;
+    }
+    hi = x;
+    if (hi > lo) {
+        f = lo;
+        l = hi - 1;
+    } else if (lo > 0) {
+        f = l = lo - 1;
+    } else {
+        pthread_mutex_unlock(&st->data_lock);
+        return 0;
+    }
+    /* a: the newest sample at or before s (else the first one used); b: the last used. */
+    if (lo < n && otg_at(st, d, first, lo)->t_ns == s_ns) a = lo;
+    else a = lo > 0 ? lo - 1 : lo;
+    b = l;
+    uint64_t n_util = 0, sum_gpu = 0, sum_mem = 0, n_power = 0, sum_power = 0, max_power = 0;
+    uint64_t n_sm = 0, sum_sm = 0, n_reason = 0, n_throttled = 0;
+    uint32_t min_gpu = 0, max_gpu = 0;
+    for (uint64_t k = f; k <= l; k++) {
+        const otg_sample_t *p = otg_at(st, d, first, k);
+        if (p->valid & OTG_F_UTIL) {
+            if (n_util == 0 || p->gpu_util < min_gpu) min_gpu = p->gpu_util;
+            if (n_util == 0 || p->gpu_util > max_gpu) max_gpu = p->gpu_util;
+            sum_gpu += p->gpu_util;
+            sum_mem += p->mem_util;
+            n_util++;
+        }
+        if (p->valid & OTG_F_MEMORY) {
+            if (!(w->valid & OTG_F_MEMORY) || p->mem_used > w->mem_used_peak)
+                w->mem_used_peak = p->mem_used;
+            w->mem_total = p->mem_total;
+            w->valid |= OTG_F_MEMORY;
+        }
+        if (p->valid & OTG_F_POWER) {
+            if (n_power == 0 || p->power_mw > max_power) max_power = p->power_mw;
+            sum_power += p->power_mw;
+            n_power++;
+        }
+        if (p->valid & OTG_F_TEMP) {
+            if (!(w->valid & OTG_F_TEMP) || p->temperature_c > w->temp_max)
+                w->temp_max = p->temperature_c;
+            w->valid |= OTG_F_TEMP;
+        }
+        if (p->valid & OTG_F_SM_CLOCK) {
+            sum_sm += p->sm_clock_mhz;
+            n_sm++;
+        }
+        if (p->valid & OTG_F_REASONS) {
+            w->reasons |= p->reasons;
+            if (p->reasons & OTG_THROTTLE_MASK) n_throttled++;
+            n_reason++;
+        }
+    }
+    w->samples = l - f + 1;
+    if (n_util > 0) {
+        w->valid |= OTG_F_UTIL;
+        w->gpu_util_mean = (double)sum_gpu / (double)n_util;
+        w->gpu_util_min = (double)min_gpu;
+        w->gpu_util_max = (double)max_gpu;
+        w->mem_util_mean = (double)sum_mem / (double)n_util;
+    }
+    if (n_power > 0) {
+        w->valid |= OTG_F_POWER;
+        w->power_mean_w = (double)sum_power / (double)n_power / 1000.0;
+        w->power_max_w = (double)max_power / 1000.0;
+    }
+    if (n_sm > 0) {
+        w->valid |= OTG_F_SM_CLOCK;
+        w->sm_clock_mean = (double)sum_sm / (double)n_sm;
+    }
+    if (n_reason > 0) {
+        w->valid |= OTG_F_REASONS;
+        w->throttled_fraction = (double)n_throttled / (double)n_reason;
+    }
+    const otg_sample_t *pa = otg_at(st, d, first, a), *pb = otg_at(st, d, first, b);
+    uint32_t both = pa->valid & pb->valid;
+    if (a < b && (both & OTG_F_ENERGY) && pb->energy_mj >= pa->energy_mj &&
+        e_ns - s_ns >= OTG_ENERGY_MIN_SPAN_NS && pb->t_ns - pa->t_ns >= OTG_ENERGY_MIN_SPAN_NS) {
+        w->energy_j = (double)(pb->energy_mj - pa->energy_mj) * (double)(e_ns - s_ns) /
+                      (double)(pb->t_ns - pa->t_ns) / 1000.0;
+        w->energy_from_counter = 1;
+        w->valid |= OTG_F_ENERGY;
+    } else if (n_power > 0) {
+        w->energy_j = w->power_mean_w * (double)(e_ns - s_ns) / 1e9;
+        w->valid |= OTG_F_ENERGY;
+    }
+#define OTG_DELTA(bit, field, out)                                             \
+    if ((both & (bit)) && pb->field >= pa->field) {                            \
+        w->out = pb->field - pa->field;                                        \
+        w->valid |= (bit);                                                     \
+    }
+    OTG_DELTA(OTG_F_ECC_CORR, ecc_corr, ecc_corr_delta)
+    OTG_DELTA(OTG_F_ECC_UNCORR, ecc_uncorr, ecc_uncorr_delta)
+    OTG_DELTA(OTG_F_PCIE_TX, pcie_tx, pcie_tx)
+    OTG_DELTA(OTG_F_PCIE_RX, pcie_rx, pcie_rx)
+    OTG_DELTA(OTG_F_NVLINK_TX, nvlink_tx, nvlink_tx)
+    OTG_DELTA(OTG_F_NVLINK_RX, nvlink_rx, nvlink_rx)
+#undef OTG_DELTA
+    w->lost = d->lost && d->lost_t_ns <= e_ns;
+    pthread_mutex_unlock(&st->data_lock);
+    return 1;
+}
+
+/*
+ * Copy up to max retained events with s <= t <= e (oldest first), only device
+ * `dev` (-1: all) and only kind `kind` (-1: all). Returns the number copied.
+ */
+static int otg_events_copy(otg_state_t *st, int64_t s_ns, int64_t e_ns, int dev, int kind,
+                           otg_event_t *out, int max)
+{
+    int count = 0;
+    pthread_mutex_lock(&st->data_lock);
+    uint64_t n = st->ev_head < st->ev_cap ? st->ev_head : st->ev_cap;
+    for (uint64_t k = st->ev_head - n; k < st->ev_head && count < max; k++) {
+        const otg_event_t *e = &st->events[k % st->ev_cap];
+        if (e->t_ns < s_ns || e->t_ns > e_ns) continue;
+        if (dev >= 0 && e->dev != dev) continue;
+        if (kind >= 0 && e->kind != kind) continue;
+        out[count++] = *e;
+    }
+    pthread_mutex_unlock(&st->data_lock);
+    return count;
+}
+
+/*
+ * In a forked child: no thread of the parent exists and NVML state is not
+ * inherited. Re-create the locks (one may have been held at fork time), forget
+ * every sample and event (the child exports nothing of the parent's state), and
+ * require a new nvmlInit before sampling again. The dlopen handle stays valid.
+ */
+static void otg_after_fork(otg_state_t *st)
+{
+    otg_init_locks(st);
+    __atomic_store_n(&st->stop, 0, __ATOMIC_RELEASE);
+    st->inited = 0;
+    st->evset = NULL;
+    st->ev_head = st->ev_dropped = 0;
+    st->ticks = st->samples = st->dropped = st->overwritten = 0;
+    st->busy_ns = 0;
+    for (int i = 0; i < st->ndev; i++) {
+        otg_device_t *d = &st->dev[i];
+        d->head = 0;
+        d->lost = 0;
+        d->lost_t_ns = 0;
+        d->lost_code = 0;
+        d->errors = 0;
+        d->last_error = 0;
+        d->have_prev_ecc = 0;
+        d->prev_ecc_uncorr = d->prev_throttle = 0;
+        d->handle = NULL;
+        d->caps = OTG_F_ALL;
+        d->disabled = 0;
+    }
+}
+
+#endif

@@ -1,0 +1,224 @@
+"""GPU metrics read back through the OpenTelemetry SDK (InMemoryMetricReader): names,
+units, attributes and values against the simulator; the docs table matches the code."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.sim import SMALL_SCENARIO
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otelgpu import sim
+from otelgpu.metrics import _names as N
+from otelgpu.metrics.gpu import register_gpu_metrics
+from otelgpu.sampler import BaseGpuSampler
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+GIB = 1 << 30
+
+Reader = tuple[InMemoryMetricReader, MeterProvider]
+Collect = Callable[[InMemoryMetricReader], dict[str, tuple[str, list[tuple[dict[str, Any], Any]]]]]
+
+
+@pytest.fixture
+def sampler(
+    metrics_sampler_cls: type[BaseGpuSampler], sim_gpu: sim.SimGpu
+) -> Iterator[BaseGpuSampler]:
+    s = metrics_sampler_cls(interval_s=0.02)
+    yield s
+    s.close()
+
+
+def _by_device(rows: list[tuple[dict[str, Any], Any]], uuid: str, **attrs: Any) -> list[Any]:
+    return [
+        v
+        for a, v in rows
+        if a.get("hw.id") == uuid and all(a.get(k) == val for k, val in attrs.items())
+    ]
+
+
+def test_names_units_attributes_and_values(
+    sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
+) -> None:
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    sim_gpu.advance(5.0)  # 80 % phase
+    sampler.sample_once()
+    got = collect(rd)
+    expected_names = {m.name for m in N.GPU_METRICS} - {N.FAN_SPEED.name, N.XID.name}
+    assert expected_names <= set(got)
+    assert N.FAN_SPEED.name not in got  # H100 SXM has no fan: no placeholder point
+    for spec in (*N.GPU_METRICS, *N.SAMPLER_METRICS):
+        if spec.name in got:
+            assert got[spec.name][0] == spec.unit, spec.name
+    for device in sampler.devices:
+        u = device.uuid
+        for name in expected_names:
+            for attrs, _value in got[name][1]:
+                if attrs["hw.id"] == u:
+                    assert attrs["hw.name"] == "NVIDIA H100 80GB HBM3"
+                    assert attrs["hw.vendor"] == "nvidia" and attrs["hw.type"] == "gpu"
+        rows = lambda name: got[name][1]  # noqa: E731
+        assert _by_device(rows("hw.gpu.utilization"), u, **{"hw.gpu.task": "general"}) == [0.8]
+        assert _by_device(rows("otelgpu.gpu.memory_controller.utilization"), u) == [0.4]
+        assert _by_device(rows("hw.power"), u)[0] == pytest.approx(70 + 620 * 0.8, abs=1)
+        (used,) = _by_device(rows("hw.gpu.memory.usage"), u)
+        (limit,) = _by_device(rows("hw.gpu.memory.limit"), u)
+        assert limit == device.memory_total_bytes and used >= 21 * GIB - 1
+        assert _by_device(rows("hw.gpu.memory.utilization"), u) == [used / limit]
+        assert _by_device(rows("otelgpu.gpu.memory.watermark"), u) == [used]
+        (energy,) = _by_device(rows("hw.energy"), u)
+        assert energy == pytest.approx((70 + 620 * 0.2) * 2 + (70 + 620 * 0.8) * 3, rel=0.01)
+        (temp,) = _by_device(rows("hw.temperature"), u, **{"hw.sensor_location": "gpu"})
+        assert 20 <= temp <= 90
+        io = rows("hw.gpu.io")
+        assert _by_device(io, u, **{"network.io.direction": "transmit"})[0] > 0
+        assert _by_device(io, u, **{"network.io.direction": "receive"})[0] > 0
+        assert len(_by_device(rows("otelgpu.gpu.nvlink.io"), u)) == 2
+        assert _by_device(rows("hw.errors"), u, **{"error.type": "corrected"}) == [0]
+        assert _by_device(rows("hw.errors"), u, **{"error.type": "uncorrected"}) == [0]
+        assert _by_device(rows("hw.status"), u, **{"hw.state": "ok"}) == [1]
+        assert _by_device(rows("hw.status"), u, **{"hw.state": "failed"}) == [0]
+        assert _by_device(rows("otelgpu.gpu.clock.sm"), u) == [1980]
+        assert _by_device(rows("otelgpu.gpu.clock.memory"), u) == [2619]
+        assert _by_device(rows("otelgpu.gpu.pstate"), u) == [0]
+        assert len(_by_device(rows("otelgpu.gpu.throttle.time"), u)) == 8
+        any_fraction = _by_device(
+            rows("otelgpu.gpu.throttle.fraction"), u, **{"otelgpu.gpu.throttle.reason": "any"}
+        )
+        assert any_fraction == [0.0]
+    assert got["otelgpu.sampler.dropped"][1] == [({}, 0)]
+
+
+def test_throttle_fraction_per_reason_between_collections(
+    sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
+) -> None:
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    u = sampler.devices[0].uuid
+    sampler.sample_once()
+    collect(rd)
+    # 1 s of scenario time, throttled (sw_thermal) for the first half.
+    sim_gpu.inject("throttle", gpu=0, reason="sw_thermal", duration_s=0.5)
+    time.sleep(0.01)
+    sampler.sample_once()
+    sim_gpu.advance(1.0)
+    time.sleep(0.01)
+    sampler.sample_once()
+    got = collect(rd)
+    rows = got["otelgpu.gpu.throttle.fraction"][1]
+    key = "otelgpu.gpu.throttle.reason"
+    # Counter-based: 0.5 s of sw_thermal time over the ~20 ms of sampler time between the
+    # two samples is capped at 1.0; the other reasons did not move.
+    assert _by_device(rows, u, **{key: "sw_thermal_slowdown"}) == [1.0]
+    assert _by_device(rows, u, **{key: "hw_power_brake_slowdown"}) == [0.0]
+    # Sample-based "any": one of the two samples since the last collection was throttled.
+    assert _by_device(rows, u, **{key: "any"}) == [pytest.approx(0.5)]
+    time_rows = got["otelgpu.gpu.throttle.time"][1]
+    assert _by_device(time_rows, u, **{key: "sw_thermal_slowdown"})[0] == pytest.approx(
+        0.5, rel=0.05
+    )
+
+
+def test_memory_watermark_catches_the_peak_between_exports(
+    metrics_sampler_cls: type[BaseGpuSampler],
+    sim_scenario: Callable[..., sim.SimGpu],
+    reader: Reader,
+    collect: Collect,
+) -> None:
+    spike = {"gpu": 0, "pid": 777, "name": "batch", "memory_gib": 40, "start_s": 1, "end_s": 2}
+    gpu = sim_scenario({**SMALL_SCENARIO, "process": [*SMALL_SCENARIO["process"], spike]})
+    sampler = metrics_sampler_cls()
+    try:
+        rd, provider = reader
+        register_gpu_metrics(provider.get_meter("test"), sampler)
+        u = sampler.devices[0].uuid
+        sampler.sample_once()
+        baseline = collect(rd)["otelgpu.gpu.memory.watermark"][1]
+        (low,) = _by_device(baseline, u)
+        for t in (0.5, 1.0, 1.0):  # t = 1.5 s (inside the spike), then 2.5 s, 3.5 s
+            gpu.advance(t)
+            time.sleep(0.002)
+            sampler.sample_once()
+        got = collect(rd)
+        (usage,) = _by_device(got["hw.gpu.memory.usage"][1], u)
+        (peak,) = _by_device(got["otelgpu.gpu.memory.watermark"][1], u)
+        assert usage == low  # the gauge only sees the current value...
+        assert peak == low + 40 * GIB  # ...the watermark saw the batch peak
+        again = collect(rd)["otelgpu.gpu.memory.watermark"][1]
+        assert _by_device(again, u) == [low]  # a new interval: the value in effect
+    finally:
+        sampler.close()
+
+
+def test_xid_counts_and_lost_gpu(
+    sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
+) -> None:
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    good, bad = (d.uuid for d in sampler.devices)
+    sampler.start()
+    sim_gpu.inject("xid", gpu=0, code=31)
+    sim_gpu.inject("xid", gpu=0, code=31)
+    sim_gpu.inject("gpu_lost", gpu=1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not (
+        sampler.lost(bad) and sum(e.kind == "xid" for e in sampler.events(0, 2**62)) >= 2
+    ):
+        time.sleep(0.01)
+    time.sleep(0.1)  # XIDs are counted once 50 ms old
+    got = collect(rd)
+    xids = got["otelgpu.gpu.xid"][1]
+    assert _by_device(xids, good, **{"otelgpu.gpu.xid.code": 31}) == [2]
+    assert _by_device(got["hw.status"][1], bad, **{"hw.state": "failed"}) == [1]
+    assert _by_device(got["hw.status"][1], bad, **{"hw.state": "ok"}) == [0]
+    assert _by_device(got["hw.power"][1], bad) == []  # a lost GPU reports only its status
+    assert len(_by_device(got["hw.power"][1], good)) == 1
+
+
+def test_unregister_silences_every_instrument(
+    sampler: BaseGpuSampler, reader: Reader, collect: Collect
+) -> None:
+    rd, provider = reader
+    handle = register_gpu_metrics(provider.get_meter("test"), sampler)
+    sampler.sample_once()
+    assert collect(rd)
+    handle.unregister()
+    handle.close()
+    assert not handle.enabled
+    got = collect(rd)
+    assert all(not rows for _unit, rows in got.values())
+
+
+def test_no_devices_yields_only_the_sampler_metrics(
+    metrics_sampler_cls: type[BaseGpuSampler],
+    sim_scenario: Callable[..., sim.SimGpu],
+    reader: Reader,
+    collect: Collect,
+) -> None:
+    sim_scenario({**SMALL_SCENARIO, "driver": {"init_error": "no_permission"}})
+    sampler = metrics_sampler_cls()
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    got = {name: rows for name, (_u, rows) in collect(rd).items() if rows}
+    assert got == {"otelgpu.sampler.dropped": [({}, 0)]}
+
+
+def test_docs_table_matches_the_code() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    assert "## GPU metrics" in text
+    kinds = {
+        "ObservableGauge": "gauge",
+        "ObservableCounter": "counter",
+        "ObservableUpDownCounter": "updowncounter",
+    }
+    rows = re.findall(r"^\| `([a-z][\w.]+)` \| (Observable\w+) \| `([^`]+)` \|", text, re.M)
+    documented = {name: (kinds[kind], unit) for name, kind, unit in rows}
+    in_code = {m.name: (m.instrument, m.unit) for m in (*N.GPU_METRICS, *N.SAMPLER_METRICS)}
+    assert documented == in_code

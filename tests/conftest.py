@@ -9,7 +9,7 @@ import pytest
 
 from otelgpu import _impl
 
-pytest_plugins = ["fixtures.sim"]
+pytest_plugins = ["fixtures.sim", "fixtures.otlp_receiver", "fixtures.otel"]
 
 NO_EXTENSIONS = _impl.NO_EXTENSIONS
 

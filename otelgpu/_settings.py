@@ -1,0 +1,344 @@
+"""Settings of ``otelgpu.instrument()``: one table, one frozen dataclass.
+
+Every setting has a keyword argument (the field name of :class:`Settings`) and an
+``OTELGPU_*`` variable; many also fall back to a standard ``OTEL_*`` variable.
+Precedence: keyword > ``OTELGPU_*`` > ``OTEL_*`` > default. Values are validated once,
+in :func:`resolve`, which raises :class:`otelgpu.errors.ConfigurationError` naming the
+setting (the keyword, or the variable the bad value came from) and what is accepted.
+Nothing here is on a hot path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from otelgpu import environment_variables as ev
+from otelgpu.errors import ConfigurationError
+
+EXPORTERS = ("otlp", "console", "prometheus", "recording", "none")
+PROTOCOLS = ("grpc", "http/protobuf")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+ATTACH = ("auto", "never")
+FRAMEWORKS = ("torch", "vllm", "none")
+
+#: OTLP endpoint variables whose presence means "a collector is configured".
+OTLP_ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved configuration of one ``instrument()`` call (immutable)."""
+
+    disabled: bool = False
+    service_name: str | None = None
+    resource_attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    exporters: tuple[str, ...] = ("recording",)
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "grpc"
+    otlp_headers: Mapping[str, str] | None = None
+    otlp_insecure: bool | None = None
+    otlp_certificate: str | None = None
+    otlp_timeout_ms: int | None = None
+    metric_export_interval_ms: int = 60_000
+    traces_sampler: str = "parentbased_always_on"
+    traces_sampler_arg: float | None = None
+    span_queue_size: int = 2048
+    span_export_batch_size: int = 512
+    span_schedule_delay_ms: int = 5000
+    recording_dir: str = "otelgpu-recordings"
+    recording_max_bytes: int = 64 * 1024 * 1024
+    recording_backups: int = 3
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9464
+    gpu: bool = True
+    devices: tuple[str, ...] | None = None
+    sample_interval_ms: int = 100
+    sampler_history_s: float = 600.0
+    sketch_relative_accuracy: float = 0.01
+    quantiles: tuple[float, ...] = (0.5, 0.95, 0.99)
+    max_series: int = 1000
+    attach: str = "auto"
+    frameworks: tuple[str, ...] = ("torch",)
+
+
+# --------------------------------------------------------------------------- parsers
+# Each parser takes a raw value (a string from the environment, or whatever the caller
+# passed as a keyword) and returns the typed value or raises ValueError/TypeError.
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _bool(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ValueError(raw)
+
+
+def _str(raw: object) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError(raw)
+    return raw.strip()
+
+
+def _int_range(lo: int, hi: int | None = None) -> Callable[[object], int]:
+    def parse(raw: object) -> int:
+        if isinstance(raw, bool):
+            raise TypeError(raw)
+        value = int(raw.strip()) if isinstance(raw, str) else raw
+        if not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+def _float_range(
+    lo: float, hi: float, *, lo_open: bool, hi_open: bool
+) -> Callable[[object], float]:
+    def parse(raw: object) -> float:
+        if isinstance(raw, bool):
+            raise TypeError(raw)
+        if isinstance(raw, str):
+            value = float(raw.strip())
+        elif isinstance(raw, int | float):
+            value = float(raw)
+        else:
+            raise TypeError(raw)
+        if not (value > lo if lo_open else value >= lo) or not (
+            value < hi if hi_open else value <= hi
+        ):
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[object], str]:
+    def parse(raw: object) -> str:
+        value = _str(raw).lower()
+        if value not in choices:
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+def _split(raw: object) -> list[str]:
+    if isinstance(raw, str):
+        return [p.strip() for p in raw.split(",") if p.strip()]
+    if isinstance(raw, list | tuple):
+        return [_str(p) for p in raw]
+    raise TypeError(raw)
+
+
+def _exporters(raw: object) -> tuple[str, ...]:
+    values = [v.lower() for v in _split(raw)]
+    if not values or any(v not in EXPORTERS for v in values):
+        raise ValueError(raw)
+    if "none" in values:
+        if len(values) > 1:
+            raise ValueError(raw)
+        return ()
+    return tuple(dict.fromkeys(values))
+
+
+def _key_values(raw: object) -> dict[str, str]:
+    """``k=v,k2=v2`` (values may be percent-encoded, as in OTEL_RESOURCE_ATTRIBUTES)."""
+    if isinstance(raw, Mapping):
+        return {_str(k): str(v) for k, v in raw.items()}
+    from urllib.parse import unquote
+
+    out: dict[str, str] = {}
+    for part in _split(raw):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(raw)
+        out[unquote(key.strip())] = unquote(value.strip())
+    return out
+
+
+def _frameworks(raw: object) -> tuple[str, ...]:
+    values = [v.lower() for v in _split(raw)]
+    if not values or any(v not in FRAMEWORKS for v in values):
+        raise ValueError(raw)
+    if "none" in values:
+        if len(values) > 1:
+            raise ValueError(raw)
+        return ()
+    return tuple(dict.fromkeys(values))
+
+
+def _devices(raw: object) -> tuple[str, ...] | None:
+    values = _split(raw)
+    if not values:
+        raise ValueError(raw)
+    if [v.lower() for v in values] == ["all"]:
+        return None
+    return tuple(values)
+
+
+def _quantiles(raw: object) -> tuple[float, ...]:
+    parse = _float_range(0.0, 1.0, lo_open=True, hi_open=True)
+    values = [parse(v) for v in (_split(raw) if isinstance(raw, str) else list(raw))]  # type: ignore[call-overload]
+    if not values:
+        raise ValueError(raw)
+    return tuple(sorted(set(values)))
+
+
+def _path(raw: object) -> str:
+    return os.fspath(raw) if isinstance(raw, os.PathLike) else _str(raw)
+
+
+def _ms_from_seconds_text(raw: object) -> int:
+    return _int_range(1)(raw)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table."""
+
+    name: str
+    env: str
+    otel_env: str | None
+    parse: Callable[[object], Any]
+    accepted: str
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("disabled", ev.OTELGPU_DISABLED, "OTEL_SDK_DISABLED", _bool, "true or false",
+            "Turn otelgpu off: no providers, no threads; step()/request() become no-ops."),
+    Setting("service_name", ev.OTELGPU_SERVICE_NAME, "OTEL_SERVICE_NAME", _str,
+            "a non-empty string",
+            "The service.name resource attribute."),
+    Setting("resource_attributes", ev.OTELGPU_RESOURCE_ATTRIBUTES, None, _key_values,
+            "a mapping or 'key=value,...'",
+            "Extra resource attributes (merged over OTEL_RESOURCE_ATTRIBUTES)."),
+    Setting("exporters", ev.OTELGPU_EXPORTERS, None, _exporters,
+            "a comma list of " + ", ".join(EXPORTERS),
+            "Where telemetry goes (default: otlp with an OTLP endpoint, else recording)."),
+    Setting("otlp_endpoint", ev.OTELGPU_OTLP_ENDPOINT, "OTEL_EXPORTER_OTLP_ENDPOINT", _str,
+            "a URL such as http://host:4317",
+            "OTLP base endpoint (HTTP appends /v1/traces, /v1/metrics, /v1/logs)."),
+    Setting("otlp_protocol", ev.OTELGPU_OTLP_PROTOCOL, "OTEL_EXPORTER_OTLP_PROTOCOL",
+            _choice(PROTOCOLS), " or ".join(PROTOCOLS), "OTLP transport."),
+    Setting("otlp_headers", ev.OTELGPU_OTLP_HEADERS, "OTEL_EXPORTER_OTLP_HEADERS", _key_values,
+            "a mapping or 'key=value,...'", "Headers sent with every OTLP request."),
+    Setting("otlp_insecure", ev.OTELGPU_OTLP_INSECURE, "OTEL_EXPORTER_OTLP_INSECURE", _bool,
+            "true or false", "Plaintext gRPC (no TLS)."),
+    Setting("otlp_certificate", ev.OTELGPU_OTLP_CERTIFICATE, "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            _path,
+            "a path to a PEM file", "CA bundle used to verify the collector."),
+    Setting("otlp_timeout_ms", ev.OTELGPU_OTLP_TIMEOUT_MS, None, _int_range(1),
+            "an integer >= 1 (milliseconds)", "Deadline of one OTLP export, retries included."),
+    Setting("metric_export_interval_ms", ev.OTELGPU_METRIC_EXPORT_INTERVAL_MS,
+            "OTEL_METRIC_EXPORT_INTERVAL", _int_range(1), "an integer >= 1 (milliseconds)",
+            "Period of metric export."),
+    Setting("traces_sampler", ev.OTELGPU_TRACES_SAMPLER, "OTEL_TRACES_SAMPLER", _choice(SAMPLERS),
+            "one of " + ", ".join(SAMPLERS), "Trace sampler."),
+    Setting("traces_sampler_arg", ev.OTELGPU_TRACES_SAMPLER_ARG, "OTEL_TRACES_SAMPLER_ARG",
+            _float_range(0.0, 1.0, lo_open=False, hi_open=False), "a number in [0, 1]",
+            "Sampling ratio of the *traceidratio samplers."),
+    Setting("span_queue_size", ev.OTELGPU_SPAN_QUEUE_SIZE, "OTEL_BSP_MAX_QUEUE_SIZE", _int_range(1),
+            "an integer >= 1", "Bound of the span export queue (overflow is dropped and counted)."),
+    Setting("span_export_batch_size", ev.OTELGPU_SPAN_EXPORT_BATCH_SIZE,
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _int_range(1), "an integer >= 1",
+            "Spans per export request."),
+    Setting("span_schedule_delay_ms", ev.OTELGPU_SPAN_SCHEDULE_DELAY_MS, "OTEL_BSP_SCHEDULE_DELAY",
+            _int_range(1), "an integer >= 1 (milliseconds)", "Delay between span exports."),
+    Setting("recording_dir", ev.OTELGPU_RECORDING_DIR, None, _path, "a directory path",
+            "Directory of the local recording (OTLP JSON lines)."),
+    Setting("recording_max_bytes", ev.OTELGPU_RECORDING_MAX_BYTES, None, _int_range(4096),
+            "an integer >= 4096 (bytes)", "Size at which the recording rotates."),
+    Setting("recording_backups", ev.OTELGPU_RECORDING_BACKUPS, None, _int_range(0, 100),
+            "an integer in [0, 100]", "Rotated recording files kept."),
+    Setting("prometheus_host", ev.OTELGPU_PROMETHEUS_HOST, "OTEL_EXPORTER_PROMETHEUS_HOST", _str,
+            "a host name or address", "Bind address of the Prometheus pull endpoint."),
+    Setting("prometheus_port", ev.OTELGPU_PROMETHEUS_PORT, "OTEL_EXPORTER_PROMETHEUS_PORT",
+            _int_range(0, 65535), "an integer in [0, 65535]", "Port of the Prometheus endpoint."),
+    Setting("gpu", ev.OTELGPU_GPU, None, _bool, "true or false",
+            "Sample the GPUs (GPU context on spans, hw.* metrics)."),
+    Setting("devices", ev.OTELGPU_DEVICES, None, _devices,
+            "'all' or a comma list of GPU indices or UUIDs", "GPUs to sample."),
+    Setting("sample_interval_ms", ev.OTELGPU_SAMPLE_INTERVAL_MS, None, _int_range(1, 60_000),
+            "an integer in [1, 60000] (milliseconds)", "GPU sampling period."),
+    Setting("sampler_history_s", ev.OTELGPU_SAMPLER_HISTORY_S, None,
+            _float_range(1.0, 86_400.0, lo_open=False, hi_open=False),
+            "a number in [1, 86400] (seconds)", "Depth of the sampler's ring buffers."),
+    Setting("sketch_relative_accuracy", ev.OTELGPU_SKETCH_RELATIVE_ACCURACY, None,
+            _float_range(0.0, 0.5, lo_open=True, hi_open=True), "a number in (0, 0.5)",
+            "Relative accuracy of the quantile sketches."),
+    Setting("quantiles", ev.OTELGPU_QUANTILES, None, _quantiles,
+            "a comma list of numbers in (0, 1)", "Quantiles exported as gauges."),
+    Setting("max_series", ev.OTELGPU_MAX_SERIES, None, _int_range(1, 1_000_000),
+            "an integer in [1, 1000000]", "Attribute sets per sketch metric before overflow."),
+    Setting("attach", ev.OTELGPU_ATTACH, None, _choice(ATTACH), " or ".join(ATTACH),
+            "Use providers the application already installed (auto) or never."),
+    Setting("frameworks", ev.OTELGPU_FRAMEWORKS, None, _frameworks,
+            "a comma list of torch, vllm, or none",
+            "Framework instrumentors instrument() turns on when the framework is installed."),
+)  # fmt: skip
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+assert set(_BY_NAME) == {f.name for f in dataclasses.fields(Settings)}
+
+
+def _parse(setting: Setting, label: str, raw: object) -> Any:
+    try:
+        return setting.parse(raw)
+    except (ValueError, TypeError, OverflowError):
+        raise ConfigurationError(label, raw, setting.accepted) from None
+
+
+def resolve(overrides: Mapping[str, object] | None = None,
+            environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
+    """Resolve keyword overrides and the environment into :class:`Settings`.
+
+    A keyword whose value is ``None`` counts as not given. Unknown keywords and invalid
+    values raise :class:`ConfigurationError`.
+    """
+    env = os.environ if environ is None else environ
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(_BY_NAME))
+    if unknown:
+        raise ConfigurationError(
+            unknown[0], given[unknown[0]], "one of the settings " + ", ".join(_BY_NAME)
+        )
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if setting.name in given:
+            values[setting.name] = _parse(setting, setting.name, given[setting.name])
+            continue
+        for var in (setting.env, setting.otel_env):
+            if var and env.get(var, "").strip():
+                values[setting.name] = _parse(setting, var, env[var])
+                break
+    if "exporters" not in values:
+        configured = "otlp_endpoint" in values or any(
+            env.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES
+        )
+        values["exporters"] = ("otlp",) if configured else ("recording",)
+    return Settings(**values)
+
+
+def describe(settings: Settings) -> list[tuple[str, str, str]]:
+    """(name, value, variable) rows for ``otelgpu doctor``."""
+    return [(s.name, repr(getattr(settings, s.name)), s.env) for s in SETTINGS]

@@ -1,0 +1,123 @@
+"""Environment variables read by ``otelgpu.instrument()``.
+
+Each constant is the name of one variable; its docstring says what it sets, its unit
+and the accepted values. Precedence for every setting: keyword argument to
+``instrument()`` > ``OTELGPU_*`` variable > the standard ``OTEL_*`` variable named in
+the docstring (where one applies) > the default. The full table, with defaults, is in
+``docs/configuration.md`` and in ``otelgpu._settings.SETTINGS``.
+"""
+
+from __future__ import annotations
+
+OTELGPU_DISABLED = "OTELGPU_DISABLED"
+"""``true``/``false``: turn otelgpu off entirely (falls back to ``OTEL_SDK_DISABLED``)."""
+
+OTELGPU_SERVICE_NAME = "OTELGPU_SERVICE_NAME"
+"""The ``service.name`` resource attribute (falls back to ``OTEL_SERVICE_NAME``)."""
+
+OTELGPU_RESOURCE_ATTRIBUTES = "OTELGPU_RESOURCE_ATTRIBUTES"
+"""Extra resource attributes, ``key=value,key2=value2`` (merged over OTEL_RESOURCE_ATTRIBUTES)."""
+
+OTELGPU_EXPORTERS = "OTELGPU_EXPORTERS"
+"""Comma-separated exporters: ``otlp``, ``console``, ``prometheus``, ``recording``, ``none``.
+
+Default: ``otlp`` when an OTLP endpoint is configured (``OTELGPU_OTLP_ENDPOINT`` or any
+``OTEL_EXPORTER_OTLP_*ENDPOINT``), else ``recording`` (a local OTLP JSON-lines file)."""
+
+OTELGPU_OTLP_ENDPOINT = "OTELGPU_OTLP_ENDPOINT"
+"""OTLP base endpoint, e.g. ``http://collector:4317`` (falls back to OTEL_EXPORTER_OTLP_ENDPOINT;
+the signal-specific ``OTEL_EXPORTER_OTLP_{TRACES,METRICS,LOGS}_ENDPOINT`` are honoured by the
+exporters when this is unset)."""
+
+OTELGPU_OTLP_PROTOCOL = "OTELGPU_OTLP_PROTOCOL"
+"""OTLP transport: ``grpc`` or ``http/protobuf`` (falls back to ``OTEL_EXPORTER_OTLP_PROTOCOL``;
+default ``grpc``, as ``opentelemetry-instrument``)."""
+
+OTELGPU_OTLP_HEADERS = "OTELGPU_OTLP_HEADERS"
+"""OTLP request headers, ``key=value,...`` (falls back to ``OTEL_EXPORTER_OTLP_HEADERS``)."""
+
+OTELGPU_OTLP_INSECURE = "OTELGPU_OTLP_INSECURE"
+"""``true``: plaintext gRPC without TLS (falls back to ``OTEL_EXPORTER_OTLP_INSECURE``)."""
+
+OTELGPU_OTLP_CERTIFICATE = "OTELGPU_OTLP_CERTIFICATE"
+"""Path of a PEM CA bundle to verify the collector's TLS certificate (falls back to
+``OTEL_EXPORTER_OTLP_CERTIFICATE``)."""
+
+OTELGPU_OTLP_TIMEOUT_MS = "OTELGPU_OTLP_TIMEOUT_MS"
+"""Deadline of one OTLP export including retries, milliseconds (default: the exporter's, 10 s,
+which also honours ``OTEL_EXPORTER_OTLP_TIMEOUT``)."""
+
+OTELGPU_METRIC_EXPORT_INTERVAL_MS = "OTELGPU_METRIC_EXPORT_INTERVAL_MS"
+"""Period of metric export, milliseconds (falls back to ``OTEL_METRIC_EXPORT_INTERVAL``; 60000)."""
+
+OTELGPU_TRACES_SAMPLER = "OTELGPU_TRACES_SAMPLER"
+"""Trace sampler name as in ``OTEL_TRACES_SAMPLER`` (``always_on``, ``always_off``,
+``traceidratio``, ``parentbased_always_on``, ``parentbased_always_off``,
+``parentbased_traceidratio``)."""
+
+OTELGPU_TRACES_SAMPLER_ARG = "OTELGPU_TRACES_SAMPLER_ARG"
+"""Sampling ratio in [0, 1] for the ``*traceidratio`` samplers (falls back to
+``OTEL_TRACES_SAMPLER_ARG``)."""
+
+OTELGPU_SPAN_QUEUE_SIZE = "OTELGPU_SPAN_QUEUE_SIZE"
+"""Bound of the span export queue; spans beyond it are dropped and counted
+(falls back to ``OTEL_BSP_MAX_QUEUE_SIZE``; 2048)."""
+
+OTELGPU_SPAN_EXPORT_BATCH_SIZE = "OTELGPU_SPAN_EXPORT_BATCH_SIZE"
+"""Spans per export request (falls back to ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``; 512)."""
+
+OTELGPU_SPAN_SCHEDULE_DELAY_MS = "OTELGPU_SPAN_SCHEDULE_DELAY_MS"
+"""Delay between span exports, milliseconds (falls back to ``OTEL_BSP_SCHEDULE_DELAY``; 5000)."""
+
+OTELGPU_RECORDING_DIR = "OTELGPU_RECORDING_DIR"
+"""Directory of the local recording (OTLP JSON lines), default ``./otelgpu-recordings``."""
+
+OTELGPU_RECORDING_MAX_BYTES = "OTELGPU_RECORDING_MAX_BYTES"
+"""Size at which the recording file is rotated, bytes (default 64 MiB)."""
+
+OTELGPU_RECORDING_BACKUPS = "OTELGPU_RECORDING_BACKUPS"
+"""Rotated recording files kept besides the current one (default 3)."""
+
+OTELGPU_PROMETHEUS_HOST = "OTELGPU_PROMETHEUS_HOST"
+"""Address of the Prometheus pull endpoint (falls back to ``OTEL_EXPORTER_PROMETHEUS_HOST``;
+default ``127.0.0.1``: never all interfaces unless asked)."""
+
+OTELGPU_PROMETHEUS_PORT = "OTELGPU_PROMETHEUS_PORT"
+"""Port of the Prometheus pull endpoint (falls back to ``OTEL_EXPORTER_PROMETHEUS_PORT``; 9464)."""
+
+OTELGPU_GPU = "OTELGPU_GPU"
+"""``true``/``false``: sample the GPUs (GPU context on spans, ``hw.*`` metrics); default true."""
+
+OTELGPU_DEVICES = "OTELGPU_DEVICES"
+"""GPUs to sample: ``all`` or a comma list of indices or UUIDs (default: all visible)."""
+
+OTELGPU_SAMPLE_INTERVAL_MS = "OTELGPU_SAMPLE_INTERVAL_MS"
+"""GPU sampling period, milliseconds (default 100)."""
+
+OTELGPU_SAMPLER_HISTORY_S = "OTELGPU_SAMPLER_HISTORY_S"
+"""How far back the sampler's ring buffers reach, seconds (default 600)."""
+
+OTELGPU_SKETCH_RELATIVE_ACCURACY = "OTELGPU_SKETCH_RELATIVE_ACCURACY"
+"""Relative accuracy of the quantile sketches, in (0, 0.5) (default 0.01)."""
+
+OTELGPU_QUANTILES = "OTELGPU_QUANTILES"
+"""Quantiles exported as gauges next to each histogram, comma list in (0, 1) (default
+``0.5,0.95,0.99``)."""
+
+OTELGPU_MAX_SERIES = "OTELGPU_MAX_SERIES"
+"""Attribute sets per sketch metric before new ones fold into an overflow series (default 1000)."""
+
+OTELGPU_ATTACH = "OTELGPU_ATTACH"
+"""``auto``: use tracer/meter providers the application already set globally;
+``never``: always build otelgpu's own (default ``auto``)."""
+
+OTELGPU_FRAMEWORKS = "OTELGPU_FRAMEWORKS"
+"""Framework instrumentors ``instrument()`` turns on when installed: comma list of ``torch``,
+``vllm``, or ``none`` (default ``torch``; vLLM is usually reached through its stat-logger
+plugin). A missing framework is skipped, never an error."""
+
+OTELGPU_SIM = "OTELGPU_SIM"
+"""Scenario of the simulated GPU to activate (read by ``otelgpu.sim.activate_from_env``)."""
+
+OTELGPU_NO_EXTENSIONS = "OTELGPU_NO_EXTENSIONS"
+"""Force the pure-Python twins of the native core (read by ``otelgpu._impl``)."""

@@ -1,0 +1,73 @@
+"""Cheap monotonic counters for hot paths, published as OpenTelemetry observable counters.
+
+``Counter.add`` in the SDK costs several microseconds per call (attribute hashing, view
+matching, aggregation under locks). Steps and requests add to a few counters each, so
+otelgpu keeps the running totals itself -- a dict update under one short lock -- and
+reports them through an observable counter callback at collection time. The exported
+data is identical (a cumulative monotonic Sum per attribute set); only the cost moves
+from the hot path to the export.
+
+Cardinality is bounded like the sketches: at most ``max_series`` attribute sets, then
+one ``otel.metric.overflow=true`` series.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otelgpu.otel.sketches import OVERFLOW_ATTRIBUTES, _freeze
+
+_OVERFLOW_KEY = _freeze(OVERFLOW_ATTRIBUTES)
+
+
+class LocalCounter:
+    """A monotonic counter accumulated in-process (thread-safe, never raises on ``add``)."""
+
+    def __init__(
+        self, meter: Meter, name: str, unit: str, description: str, *, max_series: int = 1000
+    ) -> None:
+        self.name = name
+        self._max_series = max_series
+        self._lock = threading.Lock()
+        self._values: dict[Any, list[Any]] = {}  # key -> [attributes, total]
+        meter.create_observable_counter(
+            name, callbacks=[self._observe], unit=unit, description=description
+        )
+
+    def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
+        """Add ``amount`` (>= 0) for ``attributes``."""
+        key = _freeze(attributes) if attributes else frozenset()
+        with self._lock:
+            entry = self._values.get(key)
+            if entry is None:
+                if len(self._values) >= self._max_series:
+                    key, attributes = _OVERFLOW_KEY, OVERFLOW_ATTRIBUTES
+                    entry = self._values.get(key)
+                if entry is None:
+                    entry = self._values[key] = [dict(attributes or {}), 0]
+            entry[1] += amount
+
+    def value(self, attributes: Mapping[str, Any] | None = None) -> float:
+        """The total for exactly ``attributes`` (0 if never added)."""
+        key = _freeze(attributes) if attributes else frozenset()
+        with self._lock:
+            entry = self._values.get(key)
+            return float(entry[1]) if entry is not None else 0.0
+
+    def total(self) -> float:
+        """The sum over every attribute set."""
+        with self._lock:
+            return float(sum(e[1] for e in self._values.values()))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._values = {}
+
+    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            entries = [(dict(a), v) for a, v in self._values.values()]
+        return [Observation(v, a) for a, v in entries]

@@ -1,0 +1,261 @@
+"""Exporter construction from :class:`~otelgpu._settings.Settings`, and the guarding wrappers.
+
+Every push exporter otelgpu builds is wrapped:
+
+* :class:`GuardedSpanExporter` / :class:`GuardedMetricExporter` drop (and count) exports
+  from a forked child -- the child must not send the parent's state again -- and count
+  telemetry lost to failed exports (``otelgpu.internal.dropped``), never raising;
+* :class:`GuardedMetricExporter` also appends the sketch histograms to every export (the
+  Python SDK has no MetricProducer hook): each ``MetricsData`` the reader hands over gains
+  one exponential histogram per sketch metric, in otelgpu's scope, cumulative.
+
+Standard ``OTEL_EXPORTER_OTLP_*`` variables (signal-specific endpoints, headers,
+certificates, compression, timeout) are read by the SDK exporters themselves whenever the
+corresponding otelgpu setting is unset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otelgpu._settings import Settings
+from otelgpu.otel.stats import InternalStats
+from otelgpu.version import __version__
+
+SCOPE = InstrumentationScope("otelgpu", __version__)
+"""Instrumentation scope of everything otelgpu records itself."""
+
+Temporality = dict[type, AggregationTemporality]
+
+
+def preferred_temporality(environ: dict[str, str] | None = None) -> Temporality:
+    """Temporality per instrument kind, per ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``.
+
+    Same meaning as in the OTLP exporters (``cumulative`` default, ``delta``, ``lowmemory``);
+    computed here so the guarding wrapper and the wrapped exporter agree.
+    """
+    env = os.environ if environ is None else environ
+    pref = (
+        env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").strip().lower()
+    )
+    c, d = AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA
+    kinds = (
+        Counter,
+        UpDownCounter,
+        Histogram,
+        ObservableCounter,
+        ObservableUpDownCounter,
+        ObservableGauge,
+    )
+    out: Temporality = dict.fromkeys(kinds, c)
+    if pref == "delta":
+        out.update({Counter: d, Histogram: d, ObservableCounter: d})
+    elif pref == "lowmemory":
+        out.update({Counter: d, Histogram: d})
+    return out
+
+
+def _count_points(metrics_data: MetricsData) -> int:
+    return sum(
+        len(m.data.data_points)
+        for rm in metrics_data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    )
+
+
+def append_metrics(metrics_data: MetricsData, extra: Sequence[Metric]) -> MetricsData:
+    """``metrics_data`` plus ``extra`` in otelgpu's scope (merged if the scope is present)."""
+    if not extra or not metrics_data.resource_metrics:
+        return metrics_data
+    first, *rest = metrics_data.resource_metrics
+    scopes = list(first.scope_metrics)
+    for i, sm in enumerate(scopes):
+        if sm.scope.name == SCOPE.name:
+            scopes[i] = ScopeMetrics(sm.scope, [*sm.metrics, *extra], sm.schema_url)
+            break
+    else:
+        scopes.append(ScopeMetrics(SCOPE, list(extra), ""))
+    return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
+
+
+class GuardedSpanExporter(SpanExporter):
+    """Fork guard and failure counting around a span exporter."""
+
+    def __init__(self, inner: SpanExporter, stats: InternalStats) -> None:
+        self.inner = inner
+        self._stats = stats
+        self._pid = os.getpid()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if os.getpid() != self._pid:
+            self._stats.add_dropped("traces", "forked_child", len(spans))
+            return SpanExportResult.SUCCESS
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:  # noqa: BLE001 - exporters must never raise into us
+            self._stats.report_error(f"export traces ({type(self.inner).__name__})", exc)
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self._stats.add_dropped("traces", "export_failed", len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        if os.getpid() == self._pid:
+            self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+class GuardedMetricExporter(MetricExporter):
+    """Fork guard, failure counting and sketch histograms around a metric exporter."""
+
+    def __init__(
+        self,
+        inner: MetricExporter,
+        stats: InternalStats,
+        *,
+        temporality: Temporality,
+        sketch_metrics: Callable[[], Sequence[Metric]] | None = None,
+    ) -> None:
+        super().__init__(preferred_temporality=temporality)
+        self.inner = inner
+        self._stats = stats
+        self._sketch_metrics = sketch_metrics
+        self._pid = os.getpid()
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        if os.getpid() != self._pid:
+            self._stats.add_dropped("metrics", "forked_child", _count_points(metrics_data))
+            return MetricExportResult.SUCCESS
+        try:
+            if self._sketch_metrics is not None:
+                metrics_data = append_metrics(metrics_data, self._sketch_metrics())
+            result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
+        except Exception as exc:  # noqa: BLE001 - exporters must never raise into us
+            self._stats.report_error(f"export metrics ({type(self.inner).__name__})", exc)
+            result = MetricExportResult.FAILURE
+        if result is not MetricExportResult.SUCCESS:
+            self._stats.add_dropped("metrics", "export_failed", _count_points(metrics_data))
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        if os.getpid() == self._pid:
+            self.inner.shutdown(timeout_millis=timeout_millis)
+
+
+# ---------------------------------------------------------------------------- OTLP
+def _http_url(base: str, signal: str) -> str:
+    return base.rstrip("/") + f"/v1/{signal}"
+
+
+def _endpoint(settings: Settings, signal: str) -> str | None:
+    """The base endpoint to pass, or ``None`` to let the exporter read its variables.
+
+    A signal-specific ``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` wins over the generic
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (OTel spec), but not over otelgpu's own setting.
+    """
+    endpoint = settings.otlp_endpoint
+    generic = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    specific = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
+    if endpoint and specific and endpoint == generic:
+        return None
+    return endpoint
+
+
+def _grpc_credentials(settings: Settings) -> Any:
+    if not settings.otlp_certificate:
+        return None
+    import grpc  # type: ignore[import-untyped]
+
+    with open(settings.otlp_certificate, "rb") as f:
+        return grpc.ssl_channel_credentials(root_certificates=f.read())
+
+
+def otlp_span_exporter(settings: Settings) -> SpanExporter:
+    """The SDK's OTLP span exporter for ``settings`` (gRPC or HTTP/protobuf)."""
+    timeout = settings.otlp_timeout_ms / 1000 if settings.otlp_timeout_ms else None
+    headers = dict(settings.otlp_headers) if settings.otlp_headers is not None else None
+    if settings.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter(
+            endpoint=_endpoint(settings, "traces"),
+            insecure=settings.otlp_insecure,
+            credentials=_grpc_credentials(settings),
+            headers=headers,
+            timeout=timeout,
+        )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    endpoint = _endpoint(settings, "traces")
+    return HttpSpanExporter(
+        endpoint=_http_url(endpoint, "traces") if endpoint else None,
+        certificate_file=settings.otlp_certificate,
+        headers=headers,
+        timeout=timeout,
+    )
+
+
+def otlp_metric_exporter(settings: Settings, temporality: Temporality) -> MetricExporter:
+    """The SDK's OTLP metric exporter for ``settings`` (gRPC or HTTP/protobuf)."""
+    timeout = settings.otlp_timeout_ms / 1000 if settings.otlp_timeout_ms else None
+    headers = dict(settings.otlp_headers) if settings.otlp_headers is not None else None
+    if settings.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter(
+            endpoint=_endpoint(settings, "metrics"),
+            insecure=settings.otlp_insecure,
+            credentials=_grpc_credentials(settings),
+            headers=headers,
+            timeout=timeout,
+            preferred_temporality=temporality,
+        )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    endpoint = _endpoint(settings, "metrics")
+    return HttpMetricExporter(
+        endpoint=_http_url(endpoint, "metrics") if endpoint else None,
+        certificate_file=settings.otlp_certificate,
+        headers=headers,
+        timeout=timeout,
+        preferred_temporality=temporality,
+    )

@@ -1,0 +1,151 @@
+"""GPU context of a time window as span attributes and span events.
+
+Reads ``GpuSampler.windows(start_ns, end_ns)`` (per-GPU ``WindowStats``) and
+``GpuSampler.events(start_ns, end_ns)`` and turns them into attributes:
+
+====================================== ======== =============================================
+attribute                              unit     meaning (over the window, all sampled GPUs)
+====================================== ======== =============================================
+``otelgpu.gpu.utilization.mean``       1        mean GPU utilization (fraction; mean over GPUs)
+``otelgpu.gpu.utilization.max``        1        highest sample (fraction)
+``otelgpu.gpu.memory.utilization.mean`` 1       mean memory-controller utilization (fraction)
+``otelgpu.gpu.memory.peak``            By       highest framebuffer memory used (max over GPUs)
+``otelgpu.gpu.energy``                 J        energy consumed (sum over GPUs)
+``otelgpu.gpu.temperature.max``        Cel      highest GPU temperature sample
+``otelgpu.gpu.throttled_fraction``     1        share of samples throttled (only when > 0)
+``otelgpu.gpu.throttle_reasons``       string[] clock-throttle reasons seen
+``otelgpu.gpu.xids``                   int[]    XID error codes seen
+``otelgpu.gpu.ecc.uncorrected``        {error}  new uncorrected ECC errors (only when > 0)
+``otelgpu.gpu.lost``                   bool     a GPU was lost (e.g. XID 79)
+``otelgpu.gpu.samples``                1        samples the window statistics are based on
+``hw.id`` / ``otelgpu.gpu.ids``        string   UUID of the GPU (one) / UUIDs (several)
+====================================== ======== =============================================
+
+Missing readings are omitted, never zero-filled. The sampler's window statistics are
+read by field name (``otelgpu.sampler.WindowStats``); a ``None`` field (e.g. energy on a
+GPU without an energy counter) leaves its attribute out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: attribute -> (WindowStats field, combine over GPUs, factor to the attribute's unit)
+_FIELDS: tuple[tuple[str, str, str, float], ...] = (
+    # NVML reports percent; the attribute is a fraction (as hw.gpu.utilization).
+    ("otelgpu.gpu.utilization.mean", "gpu_util_mean_pct", "mean", 0.01),
+    ("otelgpu.gpu.utilization.max", "gpu_util_max_pct", "max", 0.01),
+    ("otelgpu.gpu.memory.utilization.mean", "memory_util_mean_pct", "mean", 0.01),
+    ("otelgpu.gpu.memory.peak", "memory_used_peak_bytes", "max", 1.0),
+    ("otelgpu.gpu.energy", "energy_j", "sum", 1.0),
+    ("otelgpu.gpu.temperature.max", "temperature_max_c", "max", 1.0),
+    ("otelgpu.gpu.throttled_fraction", "throttled_fraction", "max", 1.0),
+    ("otelgpu.gpu.ecc.uncorrected", "ecc_uncorrected_delta", "sum", 1.0),
+    ("otelgpu.gpu.samples", "samples", "sum", 1.0),
+)
+_INTEGER = frozenset(
+    {"otelgpu.gpu.memory.peak", "otelgpu.gpu.ecc.uncorrected", "otelgpu.gpu.samples"}
+)
+#: Attributes left out when zero (the common case; keeps spans small and cheap).
+_SPARSE = frozenset({"otelgpu.gpu.throttled_fraction", "otelgpu.gpu.ecc.uncorrected"})
+
+
+def _number(stats: Any, name: str) -> float | None:
+    value = getattr(stats, name, None)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
+
+
+def window_attributes(windows: Mapping[str, Any]) -> dict[str, Any]:
+    """Span attributes for per-GPU window statistics (``{uuid: WindowStats}``).
+
+    Cost: a few microseconds for one GPU (the common case: one rank, one GPU).
+    """
+    stats = [(uuid, w) for uuid, w in windows.items() if w is not None]
+    if not stats:
+        return {}
+    out: dict[str, Any] = {}
+    if len(stats) == 1:
+        uuid, w = stats[0]
+        out["hw.id"] = uuid
+        for attribute, name, _combine, scale in _FIELDS:
+            # WindowStats fields are numbers or None (sampler contract): no type checks here.
+            v = getattr(w, name, None)
+            if v is None or (not v and attribute in _SPARSE):
+                continue
+            out[attribute] = int(v) if attribute in _INTEGER else v * scale
+    else:
+        out["otelgpu.gpu.ids"] = [uuid for uuid, _ in stats]
+        for attribute, name, combine, scale in _FIELDS:
+            values = [v for _, w in stats if (v := _number(w, name)) is not None]
+            if not values:
+                continue
+            if combine == "mean":
+                value = sum(values) / len(values)
+            elif combine == "sum":
+                value = sum(values)
+            else:
+                value = max(values)
+            if not value and attribute in _SPARSE:
+                continue
+            out[attribute] = int(value) if attribute in _INTEGER else value * scale
+    reasons: set[str] = set()
+    xids: set[int] = set()
+    lost = False
+    for _, w in stats:
+        names = getattr(w, "throttle_reason_names", None)
+        if names:
+            reasons.update(_strings(names))
+        codes = getattr(w, "xids", None)
+        if codes:
+            xids.update(int(x) for x in codes)
+        lost = lost or bool(getattr(w, "lost", False))
+    if reasons:
+        out["otelgpu.gpu.throttle_reasons"] = sorted(reasons)
+    if xids:
+        out["otelgpu.gpu.xids"] = sorted(xids)
+    if lost:
+        out["otelgpu.gpu.lost"] = True
+    return out
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, int):  # a bit mask without names
+        return (f"0x{value:x}",) if value else ()
+    return (str(v) for v in value)
+
+
+def event_kind(event: Any) -> str:
+    """The kind of a ``GpuEvent`` (``xid``, ``ecc_uncorrected``, ``device_lost``, ``throttle``…)."""
+    kind = getattr(event, "kind", None)
+    return str(getattr(kind, "value", kind) or "gpu_event")
+
+
+def event_attributes(event: Any) -> dict[str, Any]:
+    """Attributes of one GPU health event as a span event / log record."""
+    out: dict[str, Any] = {"otelgpu.gpu.event": event_kind(event)}
+    uuid = getattr(event, "uuid", None)
+    if uuid:
+        out["hw.id"] = str(uuid)
+    if out["otelgpu.gpu.event"] == "xid" and isinstance(getattr(event, "code", None), int):
+        out["otelgpu.gpu.xid"] = event.code
+    for name in ("code", "detail"):
+        value = getattr(event, name, None)
+        if isinstance(value, bool | int | float | str) and value != "":
+            out[f"otelgpu.gpu.event.{name}"] = value
+    return out
+
+
+def event_time_ns(event: Any) -> int | None:
+    for name in ("time_ns", "timestamp_ns", "t_ns"):
+        value = getattr(event, name, None)
+        if isinstance(value, int):
+            return value
+    return None

@@ -1,0 +1,137 @@
+"""A bounded batch span processor that counts what it drops and never exports across fork.
+
+Why not the SDK's ``BatchSpanProcessor``: its queue-full drops are only visible through
+opt-in SDK self-metrics, and a forked child restarts its worker. This one:
+
+* keeps at most ``max_queue_size`` spans (the newest are dropped when full, counted in
+  ``InternalStats`` as ``(traces, queue_full)``); memory is bounded during an outage;
+* exports on a named daemon thread every ``schedule_delay_s`` or when a batch is full;
+* after ``fork()`` the child clears the queue and exports nothing (``after_in_child``);
+* ``force_flush`` and ``shutdown`` export what is queued, with a deadline.
+
+``on_end`` (the application's hot path) is a deque append under no lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import weakref
+
+from opentelemetry.context import Context
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otelgpu.otel.stats import InternalStats
+
+
+class BoundedBatchSpanProcessor(SpanProcessor):
+    """Batches finished spans to ``exporter``; see the module docstring."""
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        stats: InternalStats,
+        max_queue_size: int = 2048,
+        max_export_batch_size: int = 512,
+        schedule_delay_s: float = 5.0,
+    ) -> None:
+        self._exporter = exporter
+        self._stats = stats
+        self._max_queue_size = max_queue_size
+        self._batch_size = min(max_export_batch_size, max_queue_size)
+        self._delay_s = schedule_delay_s
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._export_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._pid = os.getpid()
+        self._thread = self._start_thread()
+        if hasattr(os, "register_at_fork"):
+            weak = weakref.WeakMethod(self._after_fork_in_child)
+
+            def _after_in_child() -> None:
+                method = weak()
+                if method is not None:
+                    method()
+
+            os.register_at_fork(after_in_child=_after_in_child)
+
+    def _start_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="otelgpu-span-export", daemon=True)
+        thread.start()
+        return thread
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's spans belong to the parent; the child exports nothing at all.
+        self._queue.clear()
+        self._stopped = True
+        self._export_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ hot path
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._stopped or not (span.context and span.context.trace_flags.sampled):
+            return
+        if len(self._queue) >= self._max_queue_size:
+            self._stats.add_dropped("traces", "queue_full")
+            return
+        self._queue.append(span)
+        if len(self._queue) >= self._batch_size:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ worker
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._delay_s)
+            self._wake.clear()
+            if self._stopped:
+                break
+            self._export_all()
+
+    def _export_all(self, deadline: float | None = None) -> bool:
+        ok = True
+        with self._export_lock:
+            while self._queue and os.getpid() == self._pid:
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
+                batch: list[ReadableSpan] = []
+                while self._queue and len(batch) < self._batch_size:
+                    batch.append(self._queue.popleft())
+                try:
+                    with suppress_instrumentation():
+                        result = self._exporter.export(batch)
+                except Exception as exc:  # noqa: BLE001 - a broken exporter must not kill us
+                    self._stats.report_error("span export", exc)
+                    result = SpanExportResult.FAILURE
+                if result is not SpanExportResult.SUCCESS:
+                    ok = False
+        return ok
+
+    # ------------------------------------------------------------------ lifecycle
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        if os.getpid() != self._pid:
+            return True
+        return self._export_all(time.monotonic() + timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(5.0)
+        if os.getpid() == self._pid:
+            self._export_all(time.monotonic() + 10.0)
+        self._exporter.shutdown()
+
+    @property
+    def queued(self) -> int:
+        """Spans waiting for export."""
+        return len(self._queue)

@@ -1,0 +1,327 @@
+"""Attach to the application's tracer/meter providers, or build otelgpu's own.
+
+Rules (setting ``attach``):
+
+* providers passed explicitly (``instrument(tracer_provider=…, meter_provider=…)``, or by
+  ``opentelemetry-instrument`` to the instrumentor) are used as they are;
+* ``attach=auto`` (default): a global provider the application already installed (e.g.
+  under ``opentelemetry-instrument``) is used; otherwise otelgpu builds an SDK provider
+  with its exporters and installs it globally;
+* ``attach=never``: otelgpu always builds its own and installs it globally only if no
+  global provider exists.
+
+otelgpu never shuts down a provider it did not build. When it attaches to someone
+else's meter provider it cannot add to that provider's exporters, so the sketch
+histograms travel through a small private meter provider with otelgpu's exporters
+(its quantile gauges still go to the application's meter).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    Metric,
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import sampling as samplers
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+
+from otelgpu._settings import Settings
+from otelgpu.otel import exporters as ex
+from otelgpu.otel.processor import BoundedBatchSpanProcessor
+from otelgpu.otel.recording import (
+    RecordingFile,
+    RecordingMetricExporter,
+    RecordingSpanExporter,
+)
+from otelgpu.otel.stats import InternalStats
+
+_logger = logging.getLogger("otelgpu")
+_announced = False
+
+#: Providers otelgpu built, with the pid that built them (-1 once shut down). Attaching to
+#: one of them is wrong in a forked child (its exporters drop everything there) and after
+#: ``shutdown()`` (it is dead): ``instrument()`` then builds new ones.
+_built: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _usable(provider: Any) -> Any:
+    """``provider`` unless otelgpu built it in another process or already shut it down."""
+    if provider is None:
+        return None
+    try:
+        pid = _built.get(provider)
+    except TypeError:
+        return provider
+    return None if pid is not None and pid != os.getpid() else provider
+
+
+def make_sampler(settings: Settings) -> samplers.Sampler:
+    """The trace sampler named by ``traces_sampler`` / ``traces_sampler_arg``."""
+    ratio = 1.0 if settings.traces_sampler_arg is None else settings.traces_sampler_arg
+    name = settings.traces_sampler
+    base: samplers.Sampler
+    if name.endswith("always_on"):
+        base = samplers.ALWAYS_ON
+    elif name.endswith("always_off"):
+        base = samplers.ALWAYS_OFF
+    else:
+        base = samplers.TraceIdRatioBased(ratio)
+    return samplers.ParentBased(base) if name.startswith("parentbased_") else base
+
+
+def global_tracer_provider() -> trace.TracerProvider | None:
+    """The application's global tracer provider, or ``None`` if none was installed."""
+    provider = trace.get_tracer_provider()
+    return None if isinstance(provider, trace.ProxyTracerProvider) else provider
+
+
+def global_meter_provider() -> metrics.MeterProvider | None:
+    """The application's global meter provider, or ``None`` if none was installed."""
+    provider = metrics.get_meter_provider()
+    # The API's placeholder is a private proxy class; recognise it by name, not by import.
+    return None if type(provider).__name__.startswith("_Proxy") else provider
+
+
+def recording_path(settings: Settings, resource: Resource) -> Path:
+    """Where this process records: one file per process (ranks never share a file)."""
+    raw = str(resource.attributes.get("service.name", "otelgpu"))
+    service = re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("_") or "otelgpu"
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    name = f"{service}-{socket.gethostname()}-{os.getpid()}-{stamp}.otlp.jsonl"
+    directory = Path(settings.recording_dir).expanduser()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK):
+            raise PermissionError(directory)
+    except OSError:
+        directory = Path(tempfile.gettempdir()) / "otelgpu-recordings"
+        directory.mkdir(parents=True, exist_ok=True)
+    return (directory / name).resolve()
+
+
+@dataclass
+class Pipeline:
+    """The providers otelgpu uses and what it owns of them."""
+
+    tracer_provider: trace.TracerProvider
+    meter_provider: metrics.MeterProvider
+    resource: Resource
+    owns_tracer_provider: bool = False
+    owns_meter_provider: bool = False
+    #: Meter provider carrying the sketch histograms when attached to the application's.
+    sketch_meter_provider: MeterProvider | None = None
+    recording: RecordingFile | None = None
+    prometheus_server: Any = None
+    prometheus_address: tuple[str, int] | None = None
+    exporter_names: tuple[str, ...] = ()
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def internal_meter_provider(self) -> metrics.MeterProvider:
+        """Where otelgpu's own bookkeeping (``otelgpu.internal.*``) goes."""
+        return self.sketch_meter_provider or self.meter_provider
+
+    def force_flush(self, timeout_millis: int = 10_000) -> None:
+        for provider in (self.tracer_provider, self.meter_provider, self.sketch_meter_provider):
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        """Flush and stop what otelgpu built (never the application's providers)."""
+        owned: list[Any] = []
+        if self.owns_tracer_provider:
+            owned.append(self.tracer_provider)
+        if self.owns_meter_provider:
+            owned.append(self.meter_provider)
+        if self.sketch_meter_provider is not None:
+            owned.append(self.sketch_meter_provider)
+        for provider in owned:
+            _shutdown_quietly(provider)
+            if provider in _built:
+                _built[provider] = -1
+        if self.prometheus_server is not None:
+            self.prometheus_server.shutdown()
+            self.prometheus_server.server_close()
+        if self.recording is not None:
+            self.recording.close()
+
+
+def _shutdown_quietly(provider: Any) -> None:
+    try:
+        provider.shutdown()
+    except Exception as exc:  # noqa: BLE001 - shutdown goes on
+        _logger.warning("otelgpu: error shutting down %r: %r", provider, exc)
+
+
+def _span_exporters(settings: Settings, recording: RecordingFile | None) -> list[SpanExporter]:
+    out: list[SpanExporter] = []
+    for name in settings.exporters:
+        if name == "otlp":
+            out.append(ex.otlp_span_exporter(settings))
+        elif name == "console":
+            out.append(ConsoleSpanExporter())
+        elif name == "recording" and recording is not None:
+            out.append(RecordingSpanExporter(recording))
+    return out
+
+
+def _metric_exporters(
+    settings: Settings, recording: RecordingFile | None, temporality: ex.Temporality
+) -> list[MetricExporter]:
+    out: list[MetricExporter] = []
+    for name in settings.exporters:
+        if name == "otlp":
+            out.append(ex.otlp_metric_exporter(settings, temporality))
+        elif name == "console":
+            out.append(ConsoleMetricExporter(preferred_temporality=temporality))
+        elif name == "recording" and recording is not None:
+            out.append(RecordingMetricExporter(recording, preferred_temporality=temporality))
+    return out
+
+
+def build_pipeline(
+    settings: Settings,
+    resource: Resource,
+    *,
+    stats: InternalStats,
+    sketch_metrics: Callable[[], Sequence[Metric]],
+    tracer_provider: trace.TracerProvider | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
+) -> Pipeline:
+    """Resolve providers and build otelgpu's exporters (see the module docstring)."""
+    auto = settings.attach == "auto"
+    tracer_given = tracer_provider or (_usable(global_tracer_provider()) if auto else None)
+    meter_given = meter_provider or (_usable(global_meter_provider()) if auto else None)
+
+    recording = None
+    if "recording" in settings.exporters:
+        recording = RecordingFile(
+            recording_path(settings, resource),
+            max_bytes=settings.recording_max_bytes,
+            backups=settings.recording_backups,
+        )
+        _announce(recording.path)
+    temporality = ex.preferred_temporality()
+
+    # ---- traces
+    if tracer_given is not None:
+        tp: trace.TracerProvider = tracer_given
+        owns_tp = False
+    else:
+        sdk_tp = TracerProvider(
+            resource=resource, sampler=make_sampler(settings), shutdown_on_exit=False
+        )
+        for exporter in _span_exporters(settings, recording):
+            sdk_tp.add_span_processor(
+                BoundedBatchSpanProcessor(
+                    ex.GuardedSpanExporter(exporter, stats),
+                    stats=stats,
+                    max_queue_size=settings.span_queue_size,
+                    max_export_batch_size=settings.span_export_batch_size,
+                    schedule_delay_s=settings.span_schedule_delay_ms / 1000,
+                )
+            )
+        tp, owns_tp = sdk_tp, True
+        _built[sdk_tp] = os.getpid()
+        if global_tracer_provider() is None:
+            trace.set_tracer_provider(sdk_tp)
+
+    # ---- metrics
+    def readers() -> list[MetricReader]:
+        return [
+            PeriodicExportingMetricReader(
+                ex.GuardedMetricExporter(
+                    exporter, stats, temporality=temporality, sketch_metrics=sketch_metrics
+                ),
+                export_interval_millis=settings.metric_export_interval_ms,
+            )
+            for exporter in _metric_exporters(settings, recording, temporality)
+        ]
+
+    pipeline_kwargs: dict[str, Any] = {}
+    if meter_given is not None:
+        mp: metrics.MeterProvider = meter_given
+        owns_mp = False
+        push_readers = readers()
+        sketch_mp = (
+            MeterProvider(resource=resource, metric_readers=push_readers, shutdown_on_exit=False)
+            if push_readers
+            else None
+        )
+    else:
+        all_readers = readers()
+        if "prometheus" in settings.exporters:
+            reader, server, address = _prometheus(settings)
+            all_readers.append(reader)
+            pipeline_kwargs.update(prometheus_server=server, prometheus_address=address)
+        sdk_mp = MeterProvider(
+            resource=resource, metric_readers=all_readers, shutdown_on_exit=False
+        )
+        mp, owns_mp, sketch_mp = sdk_mp, True, None
+        _built[sdk_mp] = os.getpid()
+        if global_meter_provider() is None:
+            metrics.set_meter_provider(sdk_mp)
+
+    return Pipeline(
+        tracer_provider=tp,
+        meter_provider=mp,
+        resource=resource,
+        owns_tracer_provider=owns_tp,
+        owns_meter_provider=owns_mp,
+        sketch_meter_provider=sketch_mp,
+        recording=recording,
+        exporter_names=settings.exporters,
+        **pipeline_kwargs,
+    )
+
+
+def _prometheus(settings: Settings) -> tuple[MetricReader, Any, tuple[str, int]]:
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        from otelgpu.errors import ConfigurationError
+
+        raise ConfigurationError(
+            "exporters",
+            "prometheus",
+            "an installed opentelemetry-exporter-prometheus (pip install 'otelgpu[prometheus]')",
+        ) from exc
+    reader = PrometheusMetricReader()
+    server, _thread = start_http_server(settings.prometheus_port, addr=settings.prometheus_host)
+    host, port = server.server_address[:2]
+    return reader, server, (str(host), int(port))
+
+
+def _announce(path: Path) -> None:
+    """Say once per process where the recording goes."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    _logger.warning(
+        "otelgpu: no OTLP endpoint configured; recording telemetry to %s "
+        "(set OTEL_EXPORTER_OTLP_ENDPOINT to export, `otelgpu report %s` to read it)",
+        path,
+        path,
+    )

@@ -1,0 +1,252 @@
+"""Sketch-backed histograms: record into native sketches, export as OTLP exponential histograms.
+
+A :class:`SketchHistogram` keeps one :class:`otelgpu.sketch.QuantileSketch` per attribute
+set (at most ``max_series``; further sets fold into one series with
+``otel.metric.overflow=true``, as the SDK's cardinality limit does). Export is lossless:
+the sketch's buckets *are* the exponential-histogram buckets (``QuantileSketch.to_data_point``).
+
+Temporality is cumulative: each series keeps the start time of its first record, so a
+backend sees one monotonic series per attribute set. The quantile gauges
+(``<name>.quantile{quantile=0.95}``) are cumulative too (over the whole run).
+
+Hot path: :meth:`SketchHistogram.record` is a dict lookup plus ``sketch.add`` (the sketch
+is thread-safe); the registry lock is taken only to create a series. It never raises.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    ExponentialHistogram,
+    Metric,
+)
+
+from otelgpu.otel.stats import InternalStats
+
+OVERFLOW_ATTRIBUTES: Mapping[str, Any] = {"otel.metric.overflow": True}
+
+
+def _freeze(attributes: Mapping[str, Any]) -> Any:
+    """A hashable key for an attribute set (order-insensitive)."""
+    try:
+        return frozenset(attributes.items())
+    except TypeError:  # list-valued attributes
+        return frozenset((k, tuple(v) if isinstance(v, list) else v) for k, v in attributes.items())
+
+
+@dataclass
+class _Series:
+    attributes: Mapping[str, Any]
+    sketch: Any  # QuantileSketch (native or pure twin)
+    start_time_unix_nano: int
+
+
+class SketchHistogram:
+    """One metric (name, unit, description) recorded into per-attribute-set sketches."""
+
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        *,
+        relative_accuracy: float = 0.01,
+        max_series: int = 1000,
+        stats: InternalStats | None = None,
+    ) -> None:
+        from otelgpu.sketch import QuantileSketch
+
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self._factory = QuantileSketch
+        self._relative_accuracy = relative_accuracy
+        self._max_series = max_series
+        self._stats = stats or InternalStats()
+        self._series: dict[Any, _Series] = {}
+        self._lock = threading.Lock()
+        self._enabled = True
+
+    # ------------------------------------------------------------------ hot path
+    def record(self, value: float, attributes: Mapping[str, Any] | None = None) -> None:
+        """Add one measurement (in ``unit``) for ``attributes``. Never raises."""
+        if not self._enabled:
+            return
+        try:
+            key = _freeze(attributes) if attributes else frozenset()
+            series = self._series.get(key)
+            if series is None:
+                series = self._create(key, attributes or {})
+            series.sketch.add(value)
+        except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
+            self._stats.report_error(f"record {self.name}", exc)
+
+    def _create(self, key: Any, attributes: Mapping[str, Any]) -> _Series:
+        with self._lock:
+            series = self._series.get(key)
+            if series is not None:
+                return series
+            if len(self._series) >= self._max_series:
+                key = _freeze(OVERFLOW_ATTRIBUTES)
+                series = self._series.get(key)
+                if series is not None:
+                    return series
+                attributes = OVERFLOW_ATTRIBUTES
+            series = _Series(
+                dict(attributes),
+                self._factory(relative_accuracy=self._relative_accuracy),
+                time.time_ns(),
+            )
+            self._series[key] = series
+            return series
+
+    # ------------------------------------------------------------------ reading
+    def series(self) -> list[tuple[Mapping[str, Any], Any]]:
+        """(attributes, sketch) pairs; the sketches are live, not copies."""
+        with self._lock:
+            return [(s.attributes, s.sketch) for s in self._series.values()]
+
+    def merged(self) -> Any:
+        """One sketch merging every series (a copy)."""
+        out = self._factory(relative_accuracy=self._relative_accuracy)
+        for _, sketch in self.series():
+            out.merge(sketch)
+        return out
+
+    def to_metric(self, time_unix_nano: int) -> Metric | None:
+        """The cumulative exponential histogram of all non-empty series, or ``None``."""
+        with self._lock:
+            all_series = list(self._series.values())
+        points = [
+            s.sketch.to_data_point(s.start_time_unix_nano, time_unix_nano, dict(s.attributes))
+            for s in all_series
+            if s.sketch.count
+        ]
+        if not points:
+            return None
+        return Metric(
+            name=self.name,
+            description=self.description,
+            unit=self.unit,
+            data=ExponentialHistogram(
+                data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE
+            ),
+        )
+
+    def observe_quantiles(self, quantiles: Sequence[float]) -> Iterable[Observation]:
+        """One observation per (series, quantile): the cumulative quantile estimate."""
+        for attributes, sketch in self.series():
+            if not sketch.count:
+                continue
+            for q, value in zip(quantiles, sketch.quantiles(list(quantiles)), strict=True):
+                if not math.isnan(value):
+                    yield Observation(value, {**attributes, "quantile": q})
+
+    def reset(self) -> None:
+        """Drop every series (a forked child must not re-export the parent's data)."""
+        with self._lock:
+            self._series = {}
+
+    def disable(self) -> None:
+        """Make :meth:`record` a no-op (after shutdown)."""
+        self._enabled = False
+
+
+class SketchRegistry:
+    """All sketch histograms of one runtime; builds their metrics for each export."""
+
+    def __init__(
+        self,
+        *,
+        relative_accuracy: float,
+        max_series: int,
+        quantiles: Sequence[float],
+        stats: InternalStats,
+    ) -> None:
+        self._relative_accuracy = relative_accuracy
+        self._max_series = max_series
+        self.quantiles = tuple(quantiles)
+        self._stats = stats
+        self._lock = threading.Lock()
+        self._histograms: dict[str, SketchHistogram] = {}
+        self._meters: list[Meter] = []
+
+    def get(self, name: str, unit: str, description: str) -> SketchHistogram:
+        """The histogram ``name`` (created on first use; later calls return the same)."""
+        with self._lock:
+            hist = self._histograms.get(name)
+            if hist is not None:
+                return hist
+            hist = SketchHistogram(
+                name,
+                unit,
+                description,
+                relative_accuracy=self._relative_accuracy,
+                max_series=self._max_series,
+                stats=self._stats,
+            )
+            self._histograms[name] = hist
+            meters = list(self._meters)
+        for meter in meters:
+            self._register_gauge(meter, hist)
+        return hist
+
+    def add_meter(self, meter: Meter) -> None:
+        """Publish the quantile gauges of every (present and future) histogram on ``meter``."""
+        with self._lock:
+            self._meters.append(meter)
+            hists = list(self._histograms.values())
+        for hist in hists:
+            self._register_gauge(meter, hist)
+
+    def _register_gauge(self, meter: Meter, hist: SketchHistogram) -> None:
+        quantiles = self.quantiles
+        stats = self._stats
+
+        def callback(_options: CallbackOptions) -> Iterable[Observation]:
+            try:
+                return list(hist.observe_quantiles(quantiles))
+            except Exception as exc:  # noqa: BLE001 - collection must go on
+                stats.report_error(f"quantiles {hist.name}", exc)
+                return []
+
+        meter.create_observable_gauge(
+            hist.name + ".quantile",
+            callbacks=[callback],
+            unit=hist.unit,
+            description=f"Quantiles (attribute 'quantile') of {hist.name} since start.",
+        )
+
+    def histograms(self) -> list[SketchHistogram]:
+        with self._lock:
+            return list(self._histograms.values())
+
+    def metrics(self, time_unix_nano: int | None = None) -> list[Metric]:
+        """The exponential-histogram metrics of every non-empty histogram."""
+        now = time.time_ns() if time_unix_nano is None else time_unix_nano
+        out = []
+        for hist in self.histograms():
+            try:
+                metric = hist.to_metric(now)
+            except Exception as exc:  # noqa: BLE001 - one bad sketch must not stop export
+                self._stats.report_error(f"export {hist.name}", exc)
+                continue
+            if metric is not None:
+                out.append(metric)
+        return out
+
+    def reset(self) -> None:
+        for hist in self.histograms():
+            hist.reset()
+
+    def disable(self) -> None:
+        for hist in self.histograms():
+            hist.disable()

@@ -1,0 +1,136 @@
+"""The pipeline's commands: demo, report, doctor, run; and the Prometheus pull endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import pytest
+from fixtures.otel import (
+    free_port,
+    python_env,
+    reset_otel_globals,  # noqa: F401 - pytest fixtures
+)
+
+import otelgpu
+from otelgpu.cli import main
+from otelgpu.commands import doctor, report
+from otelgpu.commands import run as run_command
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("reset_otel_globals")
+
+
+@pytest.mark.slow
+def test_pipeline_demo_runs_on_the_simulator_and_reports(tmp_path: Path) -> None:
+    env = python_env(OTELGPU_RECORDING_DIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "otelgpu", "demo", "--seconds", "4", "--sim"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in (
+        "simulated GPU",
+        "step time         p50",
+        "latency           p50",
+        "time to 1st token",
+        "util mean 95%",  # healthy-8xh100: 95 % utilization outside the checkpoint dip
+        "throttle_start",
+        "xid",
+        "recording",
+        "sketch add(): native" if otelgpu.NATIVE else "sketch add(): pure Python",
+    ):
+        assert needle in out, (needle, out)
+    (recording,) = list(tmp_path.glob("*.otlp.jsonl"))
+    assert str(recording) in out
+
+    buf = io.StringIO()
+    assert report.summarise([str(recording)], buf) > 0
+    text = buf.getvalue()
+    assert "otelgpu.train.step.duration [-]" in text
+    assert "gen_ai.server.request.duration" in text
+    assert "otelgpu.train.step: " in text
+
+
+def test_pipeline_report_of_missing_file_fails() -> None:
+    assert main(["report", "/nonexistent/x.otlp.jsonl"]) == 1
+
+
+def test_pipeline_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = io.StringIO()
+    assert doctor.report(buf) == 0
+    text = buf.getvalue()
+    assert "native core" in text and "settings" in text
+    assert "otelgpu.sketch._sketch_c" in text
+    monkeypatch.setenv("OTELGPU_OTLP_PROTOCOL", "smoke-signals")
+    buf = io.StringIO()
+    assert doctor.report(buf) == 1
+    assert "INVALID" in buf.getvalue() and "OTELGPU_OTLP_PROTOCOL" in buf.getvalue()
+
+
+def test_pipeline_run_instruments_the_child(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import otelgpu
+            from otelgpu import _runtime
+            assert _runtime.current() is not None
+            with otelgpu.step(samples=1):
+                pass
+            print("child ok", _runtime.current().settings.service_name)
+            """
+        )
+    )
+    env = python_env(OTELGPU_RECORDING_DIR=str(tmp_path / "rec"), OTELGPU_GPU="false")
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "otelgpu", "run", "-e", "OTEL_SERVICE_NAME=trainer", "--",
+            sys.executable, str(script),
+        ],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "child ok trainer" in proc.stdout
+    (recording,) = list((tmp_path / "rec").glob("trainer-*.otlp.jsonl"))
+    assert "otelgpu.train.step" in recording.read_text()
+
+
+def test_pipeline_run_env_has_bootstrap_first() -> None:
+    args = argparse.Namespace(sim=None, env=["A=1"], command=["x"])
+    env = run_command.build_env(args, {"PYTHONPATH": "/elsewhere"})
+    first, rest = env["PYTHONPATH"].split(os.pathsep, 1)
+    assert Path(first, "sitecustomize.py").is_file()
+    assert rest == "/elsewhere" and env["A"] == "1"
+
+
+def test_pipeline_prometheus_endpoint_on_loopback() -> None:
+    port = free_port()
+    handle = otelgpu.instrument(exporters="prometheus", prometheus_port=port, gpu=False)
+    try:
+        runtime = handle.runtime
+        assert runtime is not None and runtime.pipeline is not None
+        assert runtime.pipeline.prometheus_address == ("127.0.0.1", port)
+        for _ in range(3):
+            with otelgpu.step(samples=4):
+                pass
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        text = body.decode()
+        assert re.search(r"^otelgpu_train_steps_total\{[^}]*\} 3\.0$", text, re.M), text
+        assert re.search(
+            r'^otelgpu_train_step_duration_quantile_seconds\{[^}]*quantile="0.99"', text, re.M
+        )
+    finally:
+        handle.shutdown()

@@ -6,13 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from otelgpu.sketch import _mapping  # noqa: E402
+from otelgpu.sketch import _mapping
 
 # The only function-scoped fixture is the (stateless) twin class.
 PROPS = settings(

@@ -1,0 +1,179 @@
+"""``TorchInstrumentor``: PyTorch training steps, data wait, collectives, checkpoints, memory.
+
+Turned on by ``otelgpu.instrument()`` (when torch is installed), by
+``opentelemetry-instrument python train.py`` (entry point ``otelgpu_torch``) and by
+``otelgpu run -- python train.py``; or by hand::
+
+    from otelgpu.instrumentation.torch import TorchInstrumentor
+    TorchInstrumentor().instrument()            # uses otelgpu._runtime.current()
+    TorchInstrumentor().instrument(runtime=rt, span_every=10, step_optimizer=opt_g)
+
+Keywords: ``runtime`` (a Runtime, or None for ``otelgpu._runtime.current()`` looked up at
+the first step), ``span_every``, ``reset_peak_memory``, ``step_optimizer``, ``data``,
+``comm``, ``checkpoints`` (see :mod:`.environment_variables`).
+
+Importing this module does not import torch (it only checks that torch is installed,
+raising ``ModuleNotFoundError`` otherwise, which auto-instrumentation skips quietly);
+the hooks are installed right after the program imports torch. Every change to torch is
+undone by ``uninstrument()``. Nothing here raises into the training loop: failures in
+our hooks go to ``Runtime.report_error`` and are swallowed. Forked children (DataLoader
+workers) record nothing.
+
+What is measured, and how, is documented in ``docs/metrics-torch.md``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import sys
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+    BaseInstrumentor,
+)
+
+from otelgpu.instrumentation.torch._config import TorchSettings, resolve
+from otelgpu.instrumentation.torch._memory import CudaMemory
+from otelgpu.instrumentation.torch._session import Session
+from otelgpu.instrumentation.torch._telemetry import Telemetry
+from otelgpu.instrumentation.torch.package import _instruments
+
+if importlib.util.find_spec("torch") is None:  # pragma: no cover - depends on the machine
+    raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+__all__ = ["TorchInstrumentor", "flush", "record_batch"]
+
+_active: tuple[Session, Telemetry] | None = None
+_atexit_registered = False
+
+
+def record_batch(samples: int | None = None, tokens: int | None = None) -> None:
+    """Tells otelgpu the size of the batch just processed (adds to the current step).
+
+    Given values replace what was inferred from DataLoader batches for this step. No-op
+    when not instrumented; never raises.
+    """
+    active = _active
+    if active is None:
+        return
+    try:
+        active[0].tracker.add_batch(samples, tokens)
+    except Exception as exc:  # noqa: BLE001 - never raise into the host
+        active[1].error("torch.record_batch", exc)
+
+
+def flush() -> None:
+    """Emits the step still pending (its end is final once the next step begins).
+
+    Call before ``otelgpu.shutdown()`` at the end of training; registered with ``atexit``
+    too. Never raises.
+    """
+    active = _active
+    if active is None:
+        return
+    try:
+        active[0].tracker.flush()
+        active[1].drain()
+    except Exception as exc:  # noqa: BLE001 - never raise into the host
+        active[1].error("torch.flush", exc)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts clean: the parent's patches are removed, not just gated off.
+
+    DataLoader workers then run torch untouched, and a forked training worker may call
+    ``instrument()`` for itself. Nothing is flushed: the parent's pending step is the
+    parent's (``_gate`` has already turned every hook off).
+    """
+    global _active
+    active = _active
+    _active = None
+    if active is None:
+        return
+    try:
+        from otelgpu.instrumentation.torch._install import clear_handlers
+
+        clear_handlers()
+        active[1].enabled = False
+        active[1]._queue.clear()  # the parent's steps; its worker thread did not survive
+        active[1]._worker = None
+        active[0].started = False
+        active[0].installation.undo()
+        TorchInstrumentor()._is_instrumented_by_opentelemetry = False
+    except Exception:  # noqa: BLE001 - never fail a fork
+        return
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _memory_factory(settings: TorchSettings) -> Any:
+    def make(on_oom: Any) -> CudaMemory | None:
+        torch = sys.modules.get("torch")
+        return (
+            None
+            if torch is None
+            else CudaMemory(torch, on_oom, reset_peak=settings.reset_peak_memory)
+        )
+
+    return make
+
+
+class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """PyTorch training auto-instrumentation (see the module docstring)."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        global _active, _atexit_registered
+        settings = resolve(kwargs)
+        telemetry = Telemetry(
+            kwargs.get("runtime"),
+            span_every=settings.span_every,
+            memory_factory=_memory_factory(settings),
+        )
+        session = Session(
+            telemetry.step,
+            telemetry,
+            step_optimizer=settings.step_optimizer,
+            data=settings.data,
+            comm=settings.comm,
+            checkpoints=settings.checkpoints,
+            probe=telemetry.probe,
+        )
+        telemetry.ddp_modules = session.installation.ddp_modules
+        telemetry.add_event = session.tracker.add_event
+        telemetry.names = session.names
+        session.start()
+        _active = (session, telemetry)
+        if not _atexit_registered:
+            atexit.register(flush)
+            _atexit_registered = True
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        global _active
+        active = _active
+        _active = None
+        if active is None:
+            return
+        session, telemetry = active
+        try:
+            session.stop()
+            telemetry.close()
+        finally:
+            telemetry.enabled = False
+
+    @property
+    def session(self) -> Session | None:
+        """The live session (tests and ``otelgpu doctor`` inspect it); None when off."""
+        return None if _active is None else _active[0]
+
+    @property
+    def telemetry(self) -> Telemetry | None:
+        """The live telemetry bridge; None when off."""
+        return None if _active is None else _active[1]

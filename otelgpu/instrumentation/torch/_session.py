@@ -1,0 +1,107 @@
+"""One instrumentation session: a step tracker, the installed patches, their lifetime.
+
+``Session.start()`` arms installation for when torch is imported (at once if it already
+is) and turns the hooks on; ``Session.stop()`` turns them off, emits the pending step and
+restores every patched attribute. Nothing here imports torch at module import time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+from otelgpu.instrumentation.torch._gate import GATE
+from otelgpu.instrumentation.torch._install import Installation, clear_handlers, on_import
+from otelgpu.instrumentation.torch._patch import Sink
+from otelgpu.instrumentation.torch._steps import Clock, StepRecord, StepTracker
+
+__all__ = ["Session"]
+
+
+class Session:
+    """Step detection wired to torch.
+
+    Args:
+        on_step: receives each finished :class:`StepRecord` (on the training thread).
+        sink: receives per-operation measurements and our own errors.
+        clock: ns clock (default: monotonic on the ``time.time_ns`` epoch).
+        step_optimizer: the optimizer whose steps define steps (anchor override).
+        data, comm, checkpoints: which hook families to install.
+        probe: called when a step closes (allocator statistics); errors reported.
+    """
+
+    def __init__(
+        self,
+        on_step: Callable[[StepRecord], None],
+        sink: Sink,
+        *,
+        clock: Clock | None = None,
+        step_optimizer: object | None = None,
+        data: bool = True,
+        comm: bool = True,
+        checkpoints: bool = True,
+        probe: Callable[[], object] | None = None,
+    ) -> None:
+        self.sink = sink
+        self._probe = probe
+        self._on_step = on_step
+        self.names: dict[int, str] = {}
+        self.tracker = StepTracker(
+            self._deliver,
+            clock=clock,
+            step_optimizer=None if step_optimizer is None else id(step_optimizer),
+            probe=None if probe is None else self._safe_probe,
+        )
+        self.installation = Installation(
+            self.tracker, sink, self.names, data=data, comm=comm, checkpoints=checkpoints
+        )
+        self.started = False
+
+    def _deliver(self, record: StepRecord) -> None:
+        try:
+            self._on_step(record)
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self.sink.error("torch.step", exc)
+
+    def _safe_probe(self) -> object:
+        probe = self._probe
+        if probe is None:
+            return None
+        try:
+            return probe()
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self.sink.error("torch.step_probe", exc)
+            return None
+
+    def _on_torch(self, torch: ModuleType) -> None:
+        try:
+            self.installation.install_torch(torch)
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self.sink.error("torch.install", exc)
+
+    def start(self) -> None:
+        """Installs now if torch is imported, else right after the program imports it."""
+        if self.started:
+            return
+        self.started = True
+        on_import("torch", self._on_torch)
+        self.installation.register_late()
+        GATE.enable()
+
+    def stop(self) -> None:
+        """Hooks off, pending step emitted, torch restored. Idempotent."""
+        if not self.started:
+            return
+        self.started = False
+        GATE.disable()
+        clear_handlers()
+        try:
+            self.tracker.flush()
+        finally:
+            self.installation.undo()
+
+    @property
+    def torch_installed(self) -> bool:
+        """True once the torch hooks are in place."""
+        return "optimizer" in self.installation.installed and "torch" in sys.modules

@@ -1,0 +1,518 @@
+"""Turns step records and per-operation measurements into spans and metrics.
+
+Everything goes through the otelgpu :class:`~otelgpu._runtime.Runtime` (ARCHITECTURE.md,
+"Runtime"): the step span with its GPU context and the step-duration sketch, the
+``otelgpu.train.steps``/``samples``/``tokens`` counters come from ``Runtime.finish_step``;
+this module adds the torch-specific metrics listed in :mod:`._names` and
+``docs/metrics-torch.md``. The runtime is looked up lazily (``otelgpu._runtime.current()``
+at the first record), so the instrumentor may be installed before ``instrument()`` runs.
+
+Per step, on the training thread: one deque append. A background thread (every
+:data:`WORKER_INTERVAL_S`, and synchronously on ``flush()``/``uninstrument()``) makes one
+span (every ``span_every`` steps) and ~6 sketch/counter records per step, about 30 µs of
+CPU that mostly overlaps torch compute. The allocator statistics are read on the training
+thread when the step closes (the tracker's probe). Ratios and jitter are computed at metric
+collection from a bounded ring of the last :data:`RATIO_WINDOW` steps, never per step.
+
+Thread-safety: ``step`` runs on the training thread; ``comm``/``checkpoint`` may come
+from any thread (sketch records and counters are thread-safe); steps are processed under
+one drain lock; the ring is guarded by a lock shared with the collection callbacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from otelgpu.instrumentation.torch import _names as N
+from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
+from otelgpu.instrumentation.torch._steps import StepRecord
+
+__all__ = ["RATIO_WINDOW", "Telemetry"]
+
+_logger = logging.getLogger("otelgpu.torch")
+
+RATIO_WINDOW = 512
+"""Steps the data-wait share, comm-wait share and jitter gauges are computed over."""
+
+QUEUE_LIMIT = 10_000
+"""Steps waiting for the background thread at most; more are dropped and counted
+(``otelgpu.internal.dropped{otelgpu.signal=torch_steps}``)."""
+
+WORKER_INTERVAL_S = 0.5
+"""How often the background thread turns queued steps into spans and metrics."""
+
+DDP_READ_EVERY = 10
+"""Read DDP's own timing (``_get_ddp_logging_data``, ~tens of µs) on each of the first
+this many steps, then every this many steps (DDP samples its first 10 iterations, then
+every 100th)."""
+
+
+class _Shared:
+    """Instruments of one runtime; gauges call whichever Telemetry owns them now.
+
+    OpenTelemetry instruments cannot be removed, and re-creating an observable gauge
+    on the same meter duplicates it, so a re-instrumented process reuses these.
+    """
+
+    def __init__(self) -> None:
+        self.inst: dict[str, Any] = {}
+        self.owner: Telemetry | None = None
+
+    def gauge(self, method: str, *args: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            owner = self.owner
+            if owner is None or not owner.enabled:
+                return []
+            try:
+                return getattr(owner, method)(*args)  # type: ignore[no-any-return]
+            except Exception as exc:  # noqa: BLE001 - never raise into the host
+                owner.error("torch.metrics." + method, exc)
+                return []
+
+        return observe
+
+
+def _counter(rt: Any, metric: N.TorchMetric) -> Any:
+    """A cheap in-process counter published at collection (SDK ``Counter.add`` costs µs)."""
+    try:
+        from otelgpu.otel.counters import LocalCounter
+    except ImportError:  # pragma: no cover - older pipeline: plain SDK counter
+        return rt.meter.create_counter(metric.name, metric.unit, metric.description)
+    return LocalCounter(rt.meter, metric.name, metric.unit, metric.description)
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_instruments(rt: Any) -> _Shared:
+    with _SHARED_LOCK:
+        shared = _SHARED.get(rt)
+        if shared is not None:
+            return shared
+        shared = _Shared()
+        for metric in N.TORCH_METRICS:
+            if metric.kind == "sketch":
+                shared.inst[metric.name] = rt.sketch_histogram(
+                    metric.name, metric.unit, metric.description
+                )
+            elif metric.kind == "counter":
+                shared.inst[metric.name] = _counter(rt, metric)
+        gauges = {
+            N.DATA_WAIT_RATIO.name: shared.gauge("observe_ratio", "data"),
+            N.COMM_WAIT_RATIO.name: shared.gauge("observe_ratio", "comm"),
+            N.STEP_JITTER.name: shared.gauge("observe_ratio", "jitter"),
+            N.MEMORY_ALLOCATED.name: shared.gauge("observe_memory", "allocated_bytes"),
+            N.MEMORY_RESERVED.name: shared.gauge("observe_memory", "reserved_bytes"),
+            N.MEMORY_PEAK.name: shared.gauge("observe_memory", "peak_allocated_bytes"),
+            N.DDP_COMM.name: shared.gauge("observe_ddp", "avg_backward_comm_time"),
+            N.DDP_COMPUTE.name: shared.gauge("observe_ddp", "avg_backward_compute_time"),
+            N.DDP_OVERLAP.name: shared.gauge(
+                "observe_ddp", "avg_backward_compute_comm_overlap_time"
+            ),
+        }
+        for metric in N.TORCH_METRICS:
+            if metric.kind == "gauge":
+                rt.meter.create_observable_gauge(
+                    metric.name,
+                    callbacks=[gauges[metric.name]],
+                    unit=metric.unit,
+                    description=metric.description,
+                )
+        # A runtime that is not weak-referenceable keeps instruments per Telemetry.
+        with contextlib.suppress(TypeError):
+            _SHARED[rt] = shared
+        return shared
+
+
+def _quantile(sorted_values: list[int], q: float) -> float:
+    """Nearest-rank quantile of a sorted, non-empty list."""
+    i = min(len(sorted_values) - 1, max(0, int(q * len(sorted_values) + 0.5) - 1))
+    return float(sorted_values[i])
+
+
+class Telemetry:
+    """The :class:`~._patch.Sink` of the torch hooks, backed by a Runtime.
+
+    Args:
+        runtime: a Runtime, or a zero-argument callable returning the current one (or
+            None: measurements are dropped until a runtime exists).
+        span_every: emit a span for every n-th step (metrics cover every step).
+        memory: a :class:`CudaMemory` reader, or None.
+        ddp_modules: DDP modules whose own comm timing is read.
+    """
+
+    def __init__(
+        self,
+        runtime: Any | Callable[[], Any],
+        *,
+        span_every: int = 1,
+        memory_factory: Callable[[Callable[[dict[str, object]], None]], CudaMemory | None]
+        | None = None,
+        ddp_modules: Iterable[Any] = (),
+    ) -> None:
+        self._runtime_source = runtime
+        self._runtime: Any = None
+        self.span_every = span_every
+        self._memory_factory = memory_factory
+        self.memory: CudaMemory | None = None
+        self.ddp_modules = ddp_modules
+        self.names: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._ring: deque[tuple[int, int, int]] = deque(maxlen=RATIO_WINDOW)
+        self._last_memory: MemorySnapshot | None = None
+        self._ddp: dict[str, float] = {}
+        self._ddp_iteration: dict[int, int] = {}
+        self._inst: dict[str, Any] | None = None
+        self.add_event: Callable[[str, dict[str, object]], None] | None = None
+        self.enabled = True
+        self.steps_seen = 0
+        self._queue: deque[StepRecord] = deque()
+        self._dropped = 0
+        self._drain_lock = threading.Lock()
+        self._worker_lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ runtime
+
+    def runtime(self) -> Any:
+        """The runtime (resolved once); None while otelgpu is not instrumented."""
+        rt = self._runtime
+        if rt is not None and not getattr(rt, "closed", False):
+            return rt
+        source = self._runtime_source
+        if source is None:
+            from otelgpu import _runtime
+
+            rt = _runtime.current()
+        elif callable(source) and not hasattr(source, "record_step"):
+            rt = source()
+        else:
+            rt = source
+        if rt is not None and getattr(rt, "closed", False):
+            rt = None
+        if rt is not None and rt is not self._runtime:
+            self._runtime = rt
+            self._inst = None
+        return rt
+
+    def _instruments(self, rt: Any) -> dict[str, Any]:
+        inst = self._inst
+        if inst is not None:
+            return inst
+        shared = _shared_instruments(rt)
+        shared.owner = self
+        self._inst = shared.inst
+        return shared.inst
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        rt = self._runtime
+        if rt is not None:
+            rt.report_error(where, exc)
+        else:
+            _logger.debug("otelgpu torch: error in %s: %r", where, exc)
+
+    # ------------------------------------------------------------------ Sink
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """Reports one of our own failures (never raises)."""
+        try:
+            if self.runtime() is None:
+                _logger.debug("otelgpu torch: error in %s: %r", where, exc)
+            else:
+                self._error(where, exc)
+        except Exception:  # noqa: BLE001 -the last line of defence
+            return
+
+    def comm(self, op: str, start_ns: int, end_ns: int) -> None:
+        """Host time of one collective (s) into the comm-wait sketch, by operation."""
+        rt = self.runtime() if self.enabled else None
+        if rt is None:
+            return
+        inst = self._instruments(rt)
+        inst[N.COMM_WAIT.name].record((end_ns - start_ns) / 1e9, {N.ATTR_COMM_OP: op})
+
+    def checkpoint(self, kind: str, start_ns: int, end_ns: int, size_bytes: int | None) -> None:
+        """One checkpoint save: duration and size sketches, by kind."""
+        rt = self.runtime() if self.enabled else None
+        if rt is None:
+            return
+        inst = self._instruments(rt)
+        attrs = {N.ATTR_CHECKPOINT_KIND: kind}
+        inst[N.CHECKPOINT_DURATION.name].record((end_ns - start_ns) / 1e9, attrs)
+        if size_bytes is not None:
+            inst[N.CHECKPOINT_SIZE.name].record(float(size_bytes), attrs)
+
+    def loader_startup(self, start_ns: int, end_ns: int) -> None:
+        """Worker start-up of one ``iter(DataLoader)``."""
+        rt = self.runtime() if self.enabled else None
+        if rt is None:
+            return
+        self._instruments(rt)[N.LOADER_STARTUP.name].record((end_ns - start_ns) / 1e9)
+
+    def oom(self, attributes: dict[str, object]) -> None:
+        """The allocator's OOM observer fired: an event on the step in progress."""
+        add_event = self.add_event
+        if add_event is not None and self.enabled:
+            add_event(N.EVENT_OOM, attributes)
+
+    # ------------------------------------------------------------------ steps
+
+    def step(self, record: StepRecord) -> None:
+        """Queues one finished step (training thread: an append, < 1 µs).
+
+        The span and metrics are made by a background thread (:meth:`drain` also runs
+        on ``flush()``/``uninstrument()``): most of that work overlaps torch compute,
+        which releases the GIL. The span keeps the step's own start/end times.
+        """
+        if not self.enabled:
+            return
+        queue = self._queue
+        if len(queue) >= QUEUE_LIMIT:
+            self._dropped += 1
+            return
+        queue.append(record)
+        worker = self._worker
+        if worker is None or not worker.is_alive():
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        with self._worker_lock:
+            if self._worker is not None and self._worker.is_alive():
+                return
+            self._stop.clear()
+            worker = threading.Thread(target=self._run, name="otelgpu-torch-steps", daemon=True)
+            self._worker = worker
+            worker.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(WORKER_INTERVAL_S):
+            self.drain()
+        self.drain()
+
+    def drain(self) -> None:
+        """Turns every queued step into its span and metrics now (thread-safe)."""
+        queue = self._queue
+        with self._drain_lock:
+            while queue:
+                record = queue.popleft()
+                try:
+                    self._record_step(record)
+                except Exception as exc:  # noqa: BLE001 - never raise into the host
+                    self.error("torch.step", exc)
+            dropped, self._dropped = self._dropped, 0
+        if dropped:
+            rt = self._runtime
+            stats = getattr(rt, "stats", None)
+            if stats is not None:
+                stats.add_dropped("torch_steps", "queue_full", dropped)
+
+    def close(self) -> None:
+        """Drains, then stops the background thread (bounded wait). Idempotent."""
+        self._stop.set()
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout=2.0)
+        self._worker = None
+        self.drain()
+
+    def _record_step(self, record: StepRecord) -> None:
+        """One finished step: span (every ``span_every``), metrics, ratio ring."""
+        rt = self.runtime()
+        if rt is None:
+            return
+        inst = self._instruments(rt)
+        self.steps_seen += 1
+        with self._lock:
+            self._ring.append((record.duration_ns, record.data_wait_ns, record.comm_wait_ns))
+        optimizer_attrs = {N.ATTR_SKIPPED: False}
+        if record.optimizer_steps > record.skipped_optimizer_steps:
+            inst[N.OPTIMIZER_STEPS.name].add(
+                record.optimizer_steps - record.skipped_optimizer_steps, optimizer_attrs
+            )
+        if record.skipped_optimizer_steps:
+            inst[N.OPTIMIZER_STEPS.name].add(record.skipped_optimizer_steps, {N.ATTR_SKIPPED: True})
+        if record.micro_batches:
+            inst[N.MICRO_BATCHES.name].add(record.micro_batches)
+        inst[N.DATA_WAIT.name].record(record.data_wait_ns / 1e9)
+        fields: dict[str, Any] = {
+            N.SPAN_MICRO_BATCHES: record.micro_batches,
+            N.SPAN_OPTIMIZER_STEPS: record.optimizer_steps,
+            N.SPAN_SKIPPED: record.skipped,
+            N.SPAN_DATA_WAIT: record.data_wait_ns / 1e9,
+            N.SPAN_COMM_WAIT: record.comm_wait_ns / 1e9,
+            N.SPAN_COMPUTE: record.compute_ns / 1e9,
+        }
+        if record.checkpoint_ns:
+            fields[N.SPAN_CHECKPOINT] = record.checkpoint_ns / 1e9
+        if record.loader_startup_ns:
+            fields[N.SPAN_LOADER_STARTUP] = record.loader_startup_ns / 1e9
+        if record.optimizer_ns:
+            fields[N.SPAN_OPTIMIZER] = record.optimizer_ns / 1e9
+        events = list(record.events)
+        memory = self._memory_fields(inst, record, events)
+        if memory is not None:
+            fields[N.SPAN_MEM_ALLOCATED] = memory.allocated_bytes
+            fields[N.SPAN_MEM_RESERVED] = memory.reserved_bytes
+            fields[N.SPAN_MEM_PEAK] = memory.peak_allocated_bytes
+        if record.step <= DDP_READ_EVERY or record.step % DDP_READ_EVERY == 0:
+            self._read_ddp()
+        sampled = self.span_every <= 1 or record.step % self.span_every == 1 or events
+        self._emit(rt, record, fields, events, sampled=bool(sampled))
+
+    def _emit(
+        self,
+        rt: Any,
+        record: StepRecord,
+        fields: dict[str, Any],
+        events: list[tuple[str, int, dict[str, object]]],
+        *,
+        sampled: bool,
+    ) -> None:
+        finish = getattr(rt, "finish_step", None)
+        if finish is None:  # minimal runtime: record_step only (a span for every step)
+            rt.record_step(
+                record.start_ns,
+                record.end_ns,
+                step=record.step,
+                samples=record.samples,
+                tokens=record.tokens,
+                **fields,
+            )
+            return
+        if sampled:
+            from otelgpu.otel.names import STEP_SPAN
+
+            span = rt.tracer.start_span(STEP_SPAN, start_time=record.start_ns, attributes=fields)
+            if events and span.is_recording():
+                for name, t_ns, attrs in events:
+                    span.add_event(name, attrs, timestamp=t_ns)
+        else:
+            from opentelemetry.trace import INVALID_SPAN
+
+            span = INVALID_SPAN
+        finish(
+            span,
+            record.start_ns,
+            record.end_ns,
+            step=record.step,
+            samples=record.samples,
+            tokens=record.tokens,
+        )
+
+    def probe(self) -> tuple[MemorySnapshot, int, int] | None:
+        """Allocator statistics at the moment a step closes (the tracker's probe)."""
+        if not self.enabled:
+            return None
+        if self.memory is None and self._memory_factory is not None:
+            self.memory = self._memory_factory(self.oom)
+            self._memory_factory = None
+        reader = self.memory
+        return None if reader is None else reader.read()
+
+    def _memory_fields(
+        self,
+        inst: dict[str, Any],
+        record: StepRecord,
+        events: list[tuple[str, int, dict[str, object]]],
+    ) -> MemorySnapshot | None:
+        """Memory attributes for the span; OOM events get the allocator state added."""
+        got = record.probe
+        if not isinstance(got, tuple):
+            return None
+        snap: MemorySnapshot = got[0]
+        new_ooms: int = got[1]
+        new_retries: int = got[2]
+        with self._lock:
+            self._last_memory = snap
+        state: dict[str, object] = {
+            "device": snap.device,
+            N.SPAN_MEM_ALLOCATED: snap.allocated_bytes,
+            N.SPAN_MEM_RESERVED: snap.reserved_bytes,
+            N.SPAN_MEM_PEAK: snap.peak_allocated_bytes,
+        }
+        observed = False
+        for i, (name, t_ns, attrs) in enumerate(events):
+            if name == N.EVENT_OOM:
+                events[i] = (name, t_ns, {**state, **attrs})
+                observed = True
+        if new_ooms > 0:
+            inst[N.OOMS.name].add(new_ooms, {N.ATTR_DEVICE: snap.device})
+            if not observed:
+                events.append((N.EVENT_OOM, record.end_ns, {**state, "count": new_ooms}))
+        if new_retries > 0:
+            inst[N.ALLOC_RETRIES.name].add(new_retries, {N.ATTR_DEVICE: snap.device})
+        return snap
+
+    def _read_ddp(self) -> None:
+        for module in list(self.ddp_modules):
+            try:
+                data = module._get_ddp_logging_data()
+            except Exception as exc:  # noqa: BLE001 - never raise into the host
+                self._error("torch.ddp.logging_data", exc)
+                continue
+            iteration = data.get("iteration")
+            if not isinstance(iteration, int) or self._ddp_iteration.get(id(module)) == iteration:
+                continue
+            self._ddp_iteration[id(module)] = iteration
+            with self._lock:
+                for key in (
+                    "avg_backward_comm_time",
+                    "avg_backward_compute_time",
+                    "avg_backward_compute_comm_overlap_time",
+                ):
+                    value = data.get(key)
+                    if isinstance(value, int | float) and value > 0:
+                        self._ddp[key] = value / 1e9
+
+    def ddp_timing(self) -> dict[str, float]:
+        """Latest DDP averages read (s), keyed by DDP's own names."""
+        with self._lock:
+            return dict(self._ddp)
+
+    # ------------------------------------------------------------------ gauges
+
+    def ratios(self) -> tuple[float, float, float] | None:
+        """(data-wait share, comm-wait share, p99/p50 of step time) over the ring."""
+        with self._lock:
+            ring = list(self._ring)
+        total = sum(r[0] for r in ring)
+        if not ring or total <= 0:
+            return None
+        durations = sorted(r[0] for r in ring)
+        p50 = _quantile(durations, 0.5)
+        jitter = _quantile(durations, 0.99) / p50 if p50 > 0 else float("nan")
+        return (
+            sum(r[1] for r in ring) / total,
+            sum(r[2] for r in ring) / total,
+            jitter,
+        )
+
+    def observe_ratio(self, which: str) -> list[Observation]:
+        """Gauge callback body: ``data``/``comm`` share or step ``jitter``."""
+        r = self.ratios()
+        if r is None:
+            return []
+        value = {"data": r[0], "comm": r[1], "jitter": r[2]}[which]
+        return [] if value != value else [Observation(value)]  # NaN: no point
+
+    def observe_memory(self, field: str) -> list[Observation]:
+        """Gauge callback body: one allocator field of the latest snapshot."""
+        snap = self._last_memory
+        if snap is None:
+            return []
+        return [Observation(getattr(snap, field), {N.ATTR_DEVICE: snap.device})]
+
+    def observe_ddp(self, key: str) -> list[Observation]:
+        """Gauge callback body: DDP's latest average (s)."""
+        value = self._ddp.get(key)
+        return [] if value is None else [Observation(value)]

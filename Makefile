@@ -11,7 +11,7 @@ PIP    := $(VPY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.otelgpu-deps
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test lint pytest pytest-native pytest-pure ext venv deps bench test-gpu clean
+.PHONY: demo test lint pytest pytest-native pytest-pure ext venv deps bench test-gpu clean backend-deps
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +40,14 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH cython-lint src_ext
 
-pytest-native: ext
+# Real-backend tests (tests/backends/) need prometheus + promtool (Debian package, needs root).
+backend-deps:
+	@[ "$${OTELGPU_SKIP_BACKENDS:-0}" = 1 ] || sh tests/backends/install.sh
+
+pytest-native: ext backend-deps
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
-pytest-pure: ext
+pytest-pure: ext backend-deps
 	OTELGPU_NO_EXTENSIONS=1 $(VPY) -m pytest -q $(PYTEST_ARGS)
 
 pytest: pytest-native pytest-pure

@@ -10,7 +10,8 @@ Turned on by ``otelgpu.instrument()`` (when torch is installed), by
 
 Keywords: ``runtime`` (a Runtime, or None for ``otelgpu._runtime.current()`` looked up at
 the first step), ``span_every``, ``reset_peak_memory``, ``step_optimizer``, ``data``,
-``comm``, ``checkpoints`` (see :mod:`.environment_variables`).
+``comm``, ``checkpoints``, ``cuda_events``, ``gpu_step_time``, ``cuda_sync`` (see
+:mod:`.environment_variables`).
 
 Importing this module does not import torch (it only checks that torch is installed,
 raising ``ModuleNotFoundError`` otherwise, which auto-instrumentation skips quietly);
@@ -36,6 +37,12 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 
 from otelgpu.instrumentation.torch._config import TorchSettings, resolve
+from otelgpu.instrumentation.torch._cuda_events import (
+    CudaEventTimer,
+    torch_capturing,
+    torch_cuda_ready,
+    torch_event_factory,
+)
 from otelgpu.instrumentation.torch._memory import CudaMemory
 from otelgpu.instrumentation.torch._session import Session
 from otelgpu.instrumentation.torch._telemetry import Telemetry
@@ -123,6 +130,20 @@ def _memory_factory(settings: TorchSettings) -> Any:
     return make
 
 
+def _gpu_timer(settings: TorchSettings) -> CudaEventTimer | None:
+    """CUDA-event timing (inert until a collective runs on a CUDA tensor), or None."""
+    if not (settings.cuda_events or settings.gpu_step_time):
+        return None
+    return CudaEventTimer(
+        torch_event_factory(),
+        sync=settings.cuda_sync,
+        comm=settings.cuda_events,
+        steps=settings.gpu_step_time,
+        cuda_ready=torch_cuda_ready,
+        capturing=torch_capturing,
+    )
+
+
 class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """PyTorch training auto-instrumentation (see the module docstring)."""
 
@@ -137,6 +158,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             span_every=settings.span_every,
             memory_factory=_memory_factory(settings),
         )
+        gpu_timer = _gpu_timer(settings)
         session = Session(
             telemetry.step,
             telemetry,
@@ -145,7 +167,11 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             comm=settings.comm,
             checkpoints=settings.checkpoints,
             probe=telemetry.probe,
+            gpu_timer=gpu_timer,
         )
+        telemetry.gpu_timer = gpu_timer
+        tracker = session.tracker
+        telemetry.next_step = lambda: tracker.steps + 1  # the step that just closed
         telemetry.ddp_modules = session.installation.ddp_modules
         telemetry.add_event = session.tracker.add_event
         telemetry.names = session.names

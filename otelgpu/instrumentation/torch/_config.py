@@ -27,6 +27,9 @@ class TorchSettings:
     comm: bool = True
     checkpoints: bool = True
     step_optimizer: object | None = None
+    cuda_events: bool = True
+    gpu_step_time: bool = False
+    cuda_sync: bool = False
 
 
 def _span_every(raw: object, setting: str) -> int:
@@ -47,6 +50,18 @@ def _bool(raw: object, setting: str) -> bool:
     if isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
         return raw.strip().lower() in _TRUE
     raise ConfigurationError(setting, raw, "true or false")
+
+
+def _flag(
+    kwargs: Mapping[str, Any], env: Mapping[str, str], key: str, name: str, default: bool
+) -> bool:
+    """A boolean setting: keyword ``key`` > variable ``name`` > ``default``."""
+    if kwargs.get(key) is not None:
+        return _bool(kwargs[key], key)
+    raw = env.get(name)
+    if raw is not None and raw.strip():
+        return _bool(raw, name)
+    return default
 
 
 def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> TorchSettings:
@@ -82,6 +97,14 @@ def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None)
     for key, family in (("data", "data"), ("comm", "comm"), ("checkpoints", "checkpoint")):
         raw = kwargs.get(key)
         flags[key] = _bool(raw, key) if raw is not None else family in families
+    cuda = {
+        key: _flag(kwargs, env, key, name, default)
+        for key, name, default in (
+            ("cuda_events", ev.OTELGPU_TORCH_CUDA_EVENTS, True),
+            ("gpu_step_time", ev.OTELGPU_TORCH_GPU_STEP_TIME, False),
+            ("cuda_sync", ev.OTELGPU_TORCH_CUDA_SYNC, False),
+        )
+    }
     step_optimizer = kwargs.get("step_optimizer")
     if step_optimizer is not None and not callable(getattr(step_optimizer, "step", None)):
         raise ConfigurationError(
@@ -94,4 +117,5 @@ def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None)
         comm=flags["comm"],
         checkpoints=flags["checkpoints"],
         step_optimizer=step_optimizer,
+        **cuda,
     )

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from otelgpu.instrumentation.torch import _patch as P
+from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer
 from otelgpu.instrumentation.torch._steps import StepTracker
 
 __all__ = ["COLLECTIVES", "Installation", "on_import"]
@@ -95,6 +96,7 @@ class Installation:
         sink: per-operation measurements and error reports.
         names: ``id(optimizer)`` → class name, filled by the hooks.
         data, comm, checkpoints: which families to install.
+        gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
     """
 
     def __init__(
@@ -106,8 +108,10 @@ class Installation:
         data: bool = True,
         comm: bool = True,
         checkpoints: bool = True,
+        gpu_timer: CudaEventTimer | None = None,
     ) -> None:
         self.tracker = tracker
+        self.gpu_timer = gpu_timer
         self.sink = sink
         self.names = names
         self.patches = P.Patches()
@@ -166,14 +170,14 @@ class Installation:
             original = getattr(c10d, op, None)
             if original is None:
                 continue
-            wrapper = P.collective(op, t, s)(original)
+            wrapper = P.collective(op, t, s, self.gpu_timer)(original)
             p.replace(c10d, op, wrapper)
             # torch.distributed re-exports the same function object: patch both names.
             if getattr(dist, op, None) is original:
                 p.replace(dist, op, wrapper)
         work = getattr(c10d, "Work", None)
         if work is not None and hasattr(work, "wait"):
-            p.wrap(work, "wait", P.work_wait(t, s))
+            p.wrap(work, "wait", P.work_wait(t, s, self.gpu_timer))
         ddp_cls = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
         if ddp_cls is not None:
             p.wrap(ddp_cls, "__init__", self._ddp_init)

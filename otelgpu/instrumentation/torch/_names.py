@@ -44,6 +44,19 @@ COMM_WAIT = TorchMetric(
     "Host time blocked in one torch.distributed collective, barrier or Work.wait.",
     (ATTR_COMM_OP,),
 )
+COMM_GPU = TorchMetric(
+    "otelgpu.train.comm.gpu.duration",
+    "sketch",
+    "s",
+    "GPU-side duration of one collective on a CUDA tensor (CUDA events on the current stream).",
+    (ATTR_COMM_OP,),
+)
+STEP_GPU = TorchMetric(
+    "otelgpu.train.step.gpu.duration",
+    "sketch",
+    "s",
+    "GPU time between consecutive step ends (CUDA events; OTELGPU_TORCH_GPU_STEP_TIME=true).",
+)
 CHECKPOINT_DURATION = TorchMetric(
     "otelgpu.train.checkpoint.duration",
     "sketch",
@@ -147,6 +160,8 @@ TORCH_METRICS: tuple[TorchMetric, ...] = (
     DATA_WAIT,
     LOADER_STARTUP,
     COMM_WAIT,
+    COMM_GPU,
+    STEP_GPU,
     CHECKPOINT_DURATION,
     CHECKPOINT_SIZE,
     OPTIMIZER_STEPS,
@@ -171,6 +186,8 @@ SPAN_SKIPPED = "otelgpu.train.step.skipped"
 SPAN_DATA_WAIT = "otelgpu.train.data.wait"
 SPAN_COMM_WAIT = "otelgpu.train.comm.wait"
 SPAN_COMPUTE = "otelgpu.train.compute"
+SPAN_COMM_GPU = "otelgpu.train.comm.gpu"
+SPAN_STEP_GPU = "otelgpu.train.step.gpu"
 SPAN_CHECKPOINT = "otelgpu.train.checkpoint"
 SPAN_LOADER_STARTUP = "otelgpu.train.dataloader.startup"
 SPAN_OPTIMIZER = "otelgpu.train.optimizer.duration"
@@ -185,6 +202,8 @@ SPAN_ATTRIBUTES: tuple[str, ...] = (
     SPAN_DATA_WAIT,
     SPAN_COMM_WAIT,
     SPAN_COMPUTE,
+    SPAN_COMM_GPU,
+    SPAN_STEP_GPU,
     SPAN_CHECKPOINT,
     SPAN_LOADER_STARTUP,
     SPAN_OPTIMIZER,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from otelgpu.instrumentation.torch._batch import infer_batch
+from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer, GpuOp
 from otelgpu.instrumentation.torch._gate import GATE, TLS
 from otelgpu.instrumentation.torch._steps import StepTracker
 
@@ -319,12 +320,16 @@ def dataloader_iter(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn
 # --------------------------------------------------------------------------- collectives
 
 
-def collective(op: str, tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
+def collective(
+    op: str, tracker: StepTracker, sink: Sink, gpu: CudaEventTimer | None = None
+) -> Callable[[AnyFn], AnyFn]:
     """A ``torch.distributed`` collective: host time of the outermost call.
 
     With ``async_op=True`` this is the launch; the wait is measured by ``work_wait``.
     On gloo the host time is the real wait; on NCCL it is about the launch time
-    (``torch.md`` §3) — documented, not hidden.
+    (``torch.md`` §3) — documented, not hidden. With ``gpu``, a collective on a CUDA
+    tensor also gets a pair of CUDA timing events around it (``_cuda_events``), never a
+    synchronisation unless that timer was built with ``sync``.
     """
     clock = tracker.clock
     is_compiling = _is_compiling_fn()
@@ -336,11 +341,24 @@ def collective(op: str, tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], A
                 return wrapped(*args, **kwargs)
             TLS.comm_depth = 1
             start = clock()
+            mark: GpuOp | None = None
+            if gpu is not None:
+                try:
+                    mark = gpu.begin(op, start, args, kwargs)
+                except Exception as exc:  # noqa: BLE001 - never raise into the host
+                    sink.error("torch.cuda_events." + op, exc)
+            result: Any = _MISSING
             try:
-                return wrapped(*args, **kwargs)
+                result = wrapped(*args, **kwargs)
+                return result
             finally:
                 TLS.comm_depth = 0
                 end = clock()
+                try:
+                    if mark is not None and gpu is not None:
+                        gpu.end(mark, result, ok=result is not _MISSING)
+                except Exception as exc:  # noqa: BLE001 - never raise into the host
+                    sink.error("torch.cuda_events." + op, exc)
                 try:
                     tracker.comm_wait(op, start, end)
                     sink.comm(op, start, end)
@@ -352,9 +370,11 @@ def collective(op: str, tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], A
     return factory
 
 
-def work_wait(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
+def work_wait(
+    tracker: StepTracker, sink: Sink, gpu: CudaEventTimer | None = None
+) -> Callable[[AnyFn], AnyFn]:
     """``Work.wait`` of an ``async_op=True`` collective, outside our collective wrappers."""
-    return collective("wait", tracker, sink)
+    return collective("wait", tracker, sink, gpu)
 
 
 # --------------------------------------------------------------------------- checkpoints

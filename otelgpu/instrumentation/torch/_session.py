@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._install import Installation, clear_handlers, on_import
 from otelgpu.instrumentation.torch._patch import Sink
@@ -29,6 +30,7 @@ class Session:
         step_optimizer: the optimizer whose steps define steps (anchor override).
         data, comm, checkpoints: which hook families to install.
         probe: called when a step closes (allocator statistics); errors reported.
+        gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class Session:
         comm: bool = True,
         checkpoints: bool = True,
         probe: Callable[[], object] | None = None,
+        gpu_timer: CudaEventTimer | None = None,
     ) -> None:
         self.sink = sink
         self._probe = probe
@@ -54,7 +57,13 @@ class Session:
             probe=None if probe is None else self._safe_probe,
         )
         self.installation = Installation(
-            self.tracker, sink, self.names, data=data, comm=comm, checkpoints=checkpoints
+            self.tracker,
+            sink,
+            self.names,
+            data=data,
+            comm=comm,
+            checkpoints=checkpoints,
+            gpu_timer=gpu_timer,
         )
         self.started = False
 

@@ -14,6 +14,11 @@ CPU that mostly overlaps torch compute. The allocator statistics are read on the
 thread when the step closes (the tracker's probe). Ratios and jitter are computed at metric
 collection from a bounded ring of the last :data:`RATIO_WINDOW` steps, never per step.
 
+CUDA timing events (``_cuda_events``): each drain first resolves, without blocking, the
+event pairs of collectives on CUDA tensors and the step-boundary events that are done
+(``otelgpu.train.comm.gpu.duration``, ``otelgpu.train.step.gpu.duration``); a step span gets
+``otelgpu.train.comm.gpu``/``otelgpu.train.step.gpu`` when its events resolved by then.
+
 Thread-safety: ``step`` runs on the training thread; ``comm``/``checkpoint`` may come
 from any thread (sketch records and counters are thread-safe); steps are processed under
 one drain lock; the ring is guarded by a lock shared with the collection callbacks.
@@ -32,6 +37,7 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otelgpu.instrumentation.torch import _names as N
+from otelgpu.instrumentation.torch._cuda_events import PENDING_LIMIT, CudaEventTimer, Resolved
 from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
 from otelgpu.instrumentation.torch._steps import StepRecord
 
@@ -181,6 +187,10 @@ class Telemetry:
         self._worker_lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
+        self.gpu_timer: CudaEventTimer | None = None
+        self.next_step: Callable[[], int] | None = None
+        self._gpu_ops: deque[Resolved] = deque(maxlen=PENDING_LIMIT)
+        self._gpu_steps: dict[int, float] = {}
 
     # ------------------------------------------------------------------ runtime
 
@@ -303,6 +313,11 @@ class Telemetry:
         """Turns every queued step into its span and metrics now (thread-safe)."""
         queue = self._queue
         with self._drain_lock:
+            if self.gpu_timer is not None:
+                try:
+                    self._poll_gpu(self.gpu_timer)
+                except Exception as exc:  # noqa: BLE001 - never raise into the host
+                    self.error("torch.cuda_events.poll", exc)
             while queue:
                 record = queue.popleft()
                 try:
@@ -315,6 +330,58 @@ class Telemetry:
             stats = getattr(rt, "stats", None)
             if stats is not None:
                 stats.add_dropped("torch_steps", "queue_full", dropped)
+
+    def _poll_gpu(self, timer: CudaEventTimer) -> None:
+        """Resolves finished CUDA events (non-blocking) into metrics; keeps them for spans."""
+        got = timer.poll()
+        dropped = timer.take_dropped()
+        rt = self.runtime() if self.enabled else None
+        if rt is None:
+            return
+        if dropped:
+            stats = getattr(rt, "stats", None)
+            if stats is not None:
+                stats.add_dropped("torch_cuda_events", "queue_full", dropped)
+        if not got.ops and not got.steps:
+            return
+        inst = self._instruments(rt)
+        comm_gpu = inst[N.COMM_GPU.name]
+        for r in got.ops:
+            comm_gpu.record(r.gpu_s, {N.ATTR_COMM_OP: r.op})
+        self._gpu_ops.extend(got.ops)
+        for step, gpu_s in got.steps.items():
+            inst[N.STEP_GPU.name].record(gpu_s)
+            self._gpu_steps[step] = gpu_s
+        if len(self._gpu_steps) > PENDING_LIMIT:  # steps never processed (no runtime)
+            for step in sorted(self._gpu_steps)[:-PENDING_LIMIT]:
+                del self._gpu_steps[step]
+
+    def _gpu_fields(self, record: StepRecord, fields: dict[str, Any]) -> None:
+        """GPU comm time and GPU step time of ``record``, when resolved in time.
+
+        A collective belongs to the step whose host window holds its call's start (as
+        for the host comm wait). The comm attribute is set only when every timed
+        collective of the step has resolved (none pending, none dropped); the metric gets late
+        ones anyway.
+        """
+        timer = self.gpu_timer
+        if timer is None:
+            return
+        ops = self._gpu_ops
+        total = 0.0
+        seen = 0
+        while ops and ops[0].host_start_ns < record.end_ns:
+            r = ops.popleft()
+            if r.host_start_ns >= record.start_ns:
+                total += r.gpu_s
+                seen += 1
+        if seen and timer.complete(record.start_ns, record.end_ns):
+            fields[N.SPAN_COMM_GPU] = total
+        gpu_step = self._gpu_steps.pop(record.step, None)
+        if gpu_step is not None:
+            fields[N.SPAN_STEP_GPU] = gpu_step
+        for step in [s for s in self._gpu_steps if s < record.step]:
+            del self._gpu_steps[step]
 
     def close(self) -> None:
         """Drains, then stops the background thread (bounded wait). Idempotent."""
@@ -358,6 +425,7 @@ class Telemetry:
             fields[N.SPAN_LOADER_STARTUP] = record.loader_startup_ns / 1e9
         if record.optimizer_ns:
             fields[N.SPAN_OPTIMIZER] = record.optimizer_ns / 1e9
+        self._gpu_fields(record, fields)
         events = list(record.events)
         memory = self._memory_fields(inst, record, events)
         if memory is not None:
@@ -410,9 +478,18 @@ class Telemetry:
         )
 
     def probe(self) -> tuple[MemorySnapshot, int, int] | None:
-        """Allocator statistics at the moment a step closes (the tracker's probe)."""
+        """Allocator statistics at the moment a step closes (the tracker's probe).
+
+        With GPU step timing on, also records the step's end event (``_cuda_events``).
+        """
         if not self.enabled:
             return None
+        timer, next_step = self.gpu_timer, self.next_step
+        if timer is not None and timer.steps and next_step is not None:
+            try:
+                timer.boundary(next_step())
+            except Exception as exc:  # noqa: BLE001 - never raise into the host
+                self.error("torch.cuda_events.boundary", exc)
         if self.memory is None and self._memory_factory is not None:
             self.memory = self._memory_factory(self.oom)
             self._memory_factory = None

@@ -21,3 +21,20 @@ OTELGPU_TORCH_HOOKS = "OTELGPU_TORCH_HOOKS"
 """Comma-separated optional hook families to install: any of ``data``, ``comm``,
 ``checkpoint`` (default: all three). Step detection is always on. Keywords: ``data``,
 ``comm``, ``checkpoints`` (booleans)."""
+
+OTELGPU_TORCH_CUDA_EVENTS = "OTELGPU_TORCH_CUDA_EVENTS"
+"""``true``/``false`` (default ``true``): time collectives on CUDA tensors (NCCL) on the GPU
+with a pair of CUDA timing events on the current stream, resolved later without blocking
+(``otelgpu.train.comm.gpu.duration``, span attribute ``otelgpu.train.comm.gpu``). Inert on
+CPU tensors. Keyword: ``cuda_events``."""
+
+OTELGPU_TORCH_GPU_STEP_TIME = "OTELGPU_TORCH_GPU_STEP_TIME"
+"""``true``/``false`` (default ``false``): record a CUDA timing event at each step end and
+report the GPU time between consecutive step ends (``otelgpu.train.step.gpu.duration``, span
+attribute ``otelgpu.train.step.gpu``). Keyword: ``gpu_step_time``."""
+
+OTELGPU_TORCH_CUDA_SYNC = "OTELGPU_TORCH_CUDA_SYNC"
+"""``true``/``false`` (default ``false``): wait for each timed collective's end event
+(``Event.synchronize()``) so its GPU duration is known at once. This blocks the training loop
+until the collective finished on the GPU: a diagnostic setting, never a default.
+Keyword: ``cuda_sync``."""

@@ -29,6 +29,7 @@ from opentelemetry import metrics, trace
 from otelgpu import _runtime
 from otelgpu._runtime import Runtime
 from otelgpu._settings import Settings, resolve
+from otelgpu.errors import ConfigurationError
 
 _logger = logging.getLogger("otelgpu")
 _lock = threading.RLock()
@@ -115,9 +116,24 @@ def _start_sampler(settings: Settings) -> Any:
             return None
         sampler.start()
         return sampler
+    except ConfigurationError as exc:
+        # NVML is there but the settings name GPUs it does not have (or a history shorter
+        # than the interval): a configuration error, not "no GPU" -- fail fast.
+        setting = _SAMPLER_SETTINGS.get(exc.setting, exc.setting)
+        value = settings.sample_interval_ms if setting == "sample_interval_ms" else exc.value
+        accepted = exc.accepted.replace("interval_s", "the sampling interval")
+        raise ConfigurationError(setting, value, accepted) from exc
     except Exception as exc:  # noqa: BLE001 - no NVML / no GPU is a normal state
         _logger.info("otelgpu: no GPU sampling (%s); spans carry no GPU context", exc)
         return None
+
+
+#: GpuSampler argument -> the instrument() setting it comes from.
+_SAMPLER_SETTINGS = {
+    "devices": "devices",
+    "interval_s": "sample_interval_ms",
+    "history_s": "sampler_history_s",
+}
 
 
 def _register_gpu_metrics(runtime: Runtime) -> None:
@@ -209,7 +225,10 @@ def _build(
 
 
 def _after_fork_in_child() -> None:
-    global _handle
+    global _handle, _lock
+    # Another parent thread may have held the lock at fork time (inside instrument() or
+    # shutdown()); it does not exist here, so a child calling instrument() would hang.
+    _lock = threading.RLock()
     handle = _handle
     _handle = None
     if handle is not None and handle.runtime is not None:
@@ -465,12 +484,29 @@ class RequestContext:
             self._first_token_ns = time.time_ns()
 
     def tokens(self, n: int = 1) -> None:
-        """``n`` more output tokens were produced."""
-        self._output_tokens += int(n)
+        """``n`` more output tokens were produced (a count >= 0; anything else is ignored)."""
+        count = self._count(n, "request tokens")
+        if count is not None:
+            self._output_tokens += count
 
     def input_tokens(self, n: int) -> None:
-        """The prompt had ``n`` tokens."""
-        self._input_tokens = int(n)
+        """The prompt had ``n`` tokens (a count >= 0; anything else is ignored)."""
+        count = self._count(n, "request input_tokens")
+        if count is not None:
+            self._input_tokens = count
+
+    def _count(self, n: object, where: str) -> int | None:
+        """``n`` as a token count, or ``None`` (reported, never raised: hot path)."""
+        try:
+            count: int = int(n)  # type: ignore[call-overload]
+            if count < 0:
+                raise ValueError(f"negative token count {n!r}")
+        except Exception as exc:  # noqa: BLE001 - e.g. an object whose __int__ raises
+            runtime = self._runtime or _runtime.current()
+            if runtime is not None:
+                runtime.report_error(where, exc)
+            return None
+        return count
 
     def error(self, kind: str = "error") -> None:
         """Mark the request failed: ``timeout`` or an error of type ``kind``."""

@@ -120,7 +120,12 @@ class Runtime:
         self.queue_duration = self._sketch(names.QUEUE_DURATION)
         counters = {
             metric.name: LocalCounter(
-                m, metric.name, metric.unit, metric.description, max_series=settings.max_series
+                m,
+                metric.name,
+                metric.unit,
+                metric.description,
+                max_series=settings.max_series,
+                stats=self.stats,
             )
             for metric in names.ALL
             if metric.kind == "counter"
@@ -575,11 +580,17 @@ class Runtime:
                 _logger.warning("otelgpu: error stopping the GPU sampler: %r", exc)
 
     def after_fork_in_child(self) -> None:
-        """A forked child exports nothing of the parent's state and records nothing."""
+        """A forked child exports nothing of the parent's state and records nothing.
+
+        Runs inside ``fork()`` (``os.register_at_fork``): it must not wait for a lock that
+        another parent thread held at fork time (the metric export reading the sketches,
+        a hot path counting an error) -- that thread does not exist in the child, so the
+        fork would never return. Locks are replaced, never acquired, here.
+        """
+        self._lock = threading.Lock()
         self._closed = True
         self.sampler = None
-        self.sketches.reset()
-        self.sketches.disable()
-        self.stats.reset()
+        self.sketches.after_fork_in_child()
+        self.stats.after_fork_in_child()
         if current() is self:
             _set_current(None)

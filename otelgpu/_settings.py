@@ -207,6 +207,16 @@ def _path(raw: object) -> str:
     return os.fspath(raw) if isinstance(raw, os.PathLike) else _str(raw)
 
 
+def _pem_file(raw: object) -> str:
+    """An existing, readable file: a missing CA bundle fails at instrument(), not at the
+    first export (gRPC would raise FileNotFoundError from instrument(), HTTP would fail
+    every export)."""
+    path = _path(raw)
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ValueError(raw)
+    return path
+
+
 def _ms_from_seconds_text(raw: object) -> int:
     return _int_range(1)(raw)
 
@@ -245,8 +255,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("otlp_insecure", ev.OTELGPU_OTLP_INSECURE, "OTEL_EXPORTER_OTLP_INSECURE", _bool,
             "true or false", "Plaintext gRPC (no TLS)."),
     Setting("otlp_certificate", ev.OTELGPU_OTLP_CERTIFICATE, "OTEL_EXPORTER_OTLP_CERTIFICATE",
-            _path,
-            "a path to a PEM file", "CA bundle used to verify the collector."),
+            _pem_file,
+            "a path to a readable PEM file", "CA bundle used to verify the collector."),
     Setting("otlp_timeout_ms", ev.OTELGPU_OTLP_TIMEOUT_MS, None, _int_range(1),
             "an integer >= 1 (milliseconds)", "Deadline of one OTLP export, retries included."),
     Setting("metric_export_interval_ms", ev.OTELGPU_METRIC_EXPORT_INTERVAL_MS,

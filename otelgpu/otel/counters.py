@@ -13,6 +13,8 @@ one ``otel.metric.overflow=true`` series.
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -20,18 +22,28 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otelgpu.otel.sketches import OVERFLOW_ATTRIBUTES, _freeze
+from otelgpu.otel.stats import InternalStats
 
 _OVERFLOW_KEY = _freeze(OVERFLOW_ATTRIBUTES)
+_PLAIN = (int, float)  # the fast path of the type check
 
 
 class LocalCounter:
     """A monotonic counter accumulated in-process (thread-safe, never raises on ``add``)."""
 
     def __init__(
-        self, meter: Meter, name: str, unit: str, description: str, *, max_series: int = 1000
+        self,
+        meter: Meter,
+        name: str,
+        unit: str,
+        description: str,
+        *,
+        max_series: int = 1000,
+        stats: InternalStats | None = None,
     ) -> None:
         self.name = name
         self._max_series = max_series
+        self._stats = stats
         self._lock = threading.Lock()
         self._values: dict[Any, list[Any]] = {}  # key -> [attributes, total]
         meter.create_observable_counter(
@@ -39,17 +51,32 @@ class LocalCounter:
         )
 
     def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
-        """Add ``amount`` (>= 0) for ``attributes``."""
-        key = _freeze(attributes) if attributes else frozenset()
-        with self._lock:
-            entry = self._values.get(key)
-            if entry is None:
-                if len(self._values) >= self._max_series:
-                    key, attributes = _OVERFLOW_KEY, OVERFLOW_ATTRIBUTES
-                    entry = self._values.get(key)
+        """Add ``amount`` for ``attributes``. Never raises.
+
+        As the SDK's ``Counter.add`` does, an amount that would break monotonicity (negative,
+        NaN, infinite, not a number) or unhashable attribute values are dropped -- counted in
+        ``otelgpu.internal.errors`` when the counter has ``stats`` -- never raised.
+        """
+        try:
+            if type(amount) not in _PLAIN and (
+                isinstance(amount, bool) or not isinstance(amount, numbers.Real)
+            ):
+                raise TypeError(f"{self.name}: amount must be a number, got {amount!r}")
+            if not 0 <= amount < math.inf:
+                raise ValueError(f"{self.name}: amount must be finite and >= 0, got {amount!r}")
+            key = _freeze(attributes) if attributes else frozenset()
+            with self._lock:
+                entry = self._values.get(key)
                 if entry is None:
-                    entry = self._values[key] = [dict(attributes or {}), 0]
-            entry[1] += amount
+                    if len(self._values) >= self._max_series:
+                        key, attributes = _OVERFLOW_KEY, OVERFLOW_ATTRIBUTES
+                        entry = self._values.get(key)
+                    if entry is None:
+                        entry = self._values[key] = [dict(attributes or {}), 0]
+                entry[1] += amount
+        except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
+            if self._stats is not None:
+                self._stats.report_error(f"counter {self.name}", exc)
 
     def value(self, attributes: Mapping[str, Any] | None = None) -> float:
         """The total for exactly ``attributes`` (0 if never added)."""

@@ -169,6 +169,11 @@ class GuardedMetricExporter(MetricExporter):
         return bool(self.inner.force_flush(timeout_millis))
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        # The SDK's periodic reader passes what is left of its own deadline as ``timeout``
+        # (milliseconds); honour it rather than granting the inner exporter 30 s more.
+        timeout = kwargs.get("timeout")
+        if isinstance(timeout, int | float) and timeout >= 0:
+            timeout_millis = min(timeout_millis, timeout)
         if os.getpid() == self._pid:
             self.inner.shutdown(timeout_millis=timeout_millis)
 

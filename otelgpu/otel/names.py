@@ -66,7 +66,8 @@ INTERNAL_DROPPED = MetricName(
     "otelgpu.internal.dropped",
     "observable_counter",
     "{item}",
-    "Telemetry dropped on purpose, by signal and reason (queue_full, export_failed, forked_child).",
+    "Telemetry dropped on purpose, by signal and reason "
+    "(queue_full, export_failed, forked_child, shutdown).",
 )
 INTERNAL_SKETCH_SERIES = MetricName(
     "otelgpu.internal.sketch.series",

@@ -7,7 +7,11 @@ opt-in SDK self-metrics, and a forked child restarts its worker. This one:
   ``InternalStats`` as ``(traces, queue_full)``); memory is bounded during an outage;
 * exports on a named daemon thread every ``schedule_delay_s`` or when a batch is full;
 * after ``fork()`` the child clears the queue and exports nothing (``after_in_child``);
-* ``force_flush`` and ``shutdown`` export what is queued, with a deadline.
+* ``force_flush`` and ``shutdown`` export what is queued, with a deadline that covers
+  everything they wait for -- the worker thread, the export lock, each batch -- so a
+  hung collector delays shutdown (and the interpreter's exit) by at most
+  ``shutdown_timeout_s`` plus one export's own timeout; spans still queued then are
+  dropped and counted (``(traces, shutdown)``).
 
 ``on_end`` (the application's hot path) is a deque append under no lock.
 """
@@ -39,8 +43,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         max_queue_size: int = 2048,
         max_export_batch_size: int = 512,
         schedule_delay_s: float = 5.0,
+        shutdown_timeout_s: float = 10.0,
     ) -> None:
         self._exporter = exporter
+        self._shutdown_timeout_s = shutdown_timeout_s
         self._stats = stats
         self._max_queue_size = max_queue_size
         self._batch_size = min(max_export_batch_size, max_queue_size)
@@ -96,9 +102,23 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._export_all()
 
     def _export_all(self, deadline: float | None = None) -> bool:
+        """Export the queue in batches; ``False`` if an export failed or time ran out.
+
+        The worker (``deadline=None``) gives the queue up to ``shutdown`` as soon as a stop
+        is requested, so ``shutdown`` never waits behind a worker draining a long queue
+        into a hung collector.
+        """
+        if deadline is None:
+            acquired = self._export_lock.acquire()
+        else:
+            acquired = self._export_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        if not acquired:
+            return False
         ok = True
-        with self._export_lock:
+        try:
             while self._queue and os.getpid() == self._pid:
+                if deadline is None and self._stopped:
+                    return False
                 if deadline is not None and time.monotonic() > deadline:
                     return False
                 batch: list[ReadableSpan] = []
@@ -112,6 +132,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                     result = SpanExportResult.FAILURE
                 if result is not SpanExportResult.SUCCESS:
                     ok = False
+        finally:
+            self._export_lock.release()
         return ok
 
     # ------------------------------------------------------------------ lifecycle
@@ -124,12 +146,20 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         if self._stopped:
             return
         self._stopped = True
+        deadline = time.monotonic() + self._shutdown_timeout_s
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(5.0)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         if os.getpid() == self._pid:
-            self._export_all(time.monotonic() + 10.0)
-        self._exporter.shutdown()
+            self._export_all(deadline)
+            left = len(self._queue)
+            if left:
+                self._queue.clear()
+                self._stats.add_dropped("traces", "shutdown", left)
+        try:
+            self._exporter.shutdown()
+        except Exception as exc:  # noqa: BLE001 - shutdown goes on
+            self._stats.report_error("span exporter shutdown", exc)
 
     @property
     def queued(self) -> int:

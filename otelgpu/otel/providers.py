@@ -74,6 +74,21 @@ def _usable(provider: Any) -> Any:
     return None if pid is not None and pid != os.getpid() else provider
 
 
+class ForkAwareMetricReader(PeriodicExportingMetricReader):
+    """The SDK's periodic reader, except that a forked child gets no export thread.
+
+    The SDK restarts the reader's thread in every forked child (``_at_fork_reinit``), so
+    each DataLoader worker would run the parent's metric collection -- every observable
+    callback, GPU ones included -- forever, only for the guarded exporter to drop it.
+    otelgpu's rule is that a child inherits no running thread and exports nothing of the
+    parent's state; a child that wants telemetry calls ``instrument()`` itself.
+    """
+
+    def _at_fork_reinit(self) -> None:
+        # Runs in the child after fork(): the parent's thread does not exist here.
+        self._daemon_thread = None
+
+
 def make_sampler(settings: Settings) -> samplers.Sampler:
     """The trace sampler named by ``traces_sampler`` / ``traces_sampler_arg``."""
     ratio = 1.0 if settings.traces_sampler_arg is None else settings.traces_sampler_arg
@@ -208,79 +223,107 @@ def build_pipeline(
     tracer_provider: trace.TracerProvider | None = None,
     meter_provider: metrics.MeterProvider | None = None,
 ) -> Pipeline:
-    """Resolve providers and build otelgpu's exporters (see the module docstring)."""
+    """Resolve providers and build otelgpu's exporters (see the module docstring).
+
+    All or nothing: if any part fails (a Prometheus port in use, an exporter that cannot
+    be built), what was already built is shut down and nothing was installed globally --
+    a failed ``instrument()`` leaves no thread, no open file and no global provider behind
+    (the OpenTelemetry globals can be set only once, so a half-built pipeline installed
+    there would outlive the failure and be attached to by the next ``instrument()``).
+    """
     auto = settings.attach == "auto"
     tracer_given = tracer_provider or (_usable(global_tracer_provider()) if auto else None)
     meter_given = meter_provider or (_usable(global_meter_provider()) if auto else None)
 
-    recording = None
-    if "recording" in settings.exporters:
-        recording = RecordingFile(
-            recording_path(settings, resource),
-            max_bytes=settings.recording_max_bytes,
-            backups=settings.recording_backups,
-        )
-        _announce(recording.path)
-    temporality = ex.preferred_temporality()
-
-    # ---- traces
-    if tracer_given is not None:
-        tp: trace.TracerProvider = tracer_given
-        owns_tp = False
-    else:
-        sdk_tp = TracerProvider(
-            resource=resource, sampler=make_sampler(settings), shutdown_on_exit=False
-        )
-        for exporter in _span_exporters(settings, recording):
-            sdk_tp.add_span_processor(
-                BoundedBatchSpanProcessor(
-                    ex.GuardedSpanExporter(exporter, stats),
-                    stats=stats,
-                    max_queue_size=settings.span_queue_size,
-                    max_export_batch_size=settings.span_export_batch_size,
-                    schedule_delay_s=settings.span_schedule_delay_ms / 1000,
-                )
-            )
-        tp, owns_tp = sdk_tp, True
-        _built[sdk_tp] = os.getpid()
-        if global_tracer_provider() is None:
-            trace.set_tracer_provider(sdk_tp)
-
-    # ---- metrics
-    def readers() -> list[MetricReader]:
-        return [
-            PeriodicExportingMetricReader(
-                ex.GuardedMetricExporter(
-                    exporter, stats, temporality=temporality, sketch_metrics=sketch_metrics
-                ),
-                export_interval_millis=settings.metric_export_interval_ms,
-            )
-            for exporter in _metric_exporters(settings, recording, temporality)
-        ]
-
+    built: list[Any] = []  # what to shut down if a later step fails
     pipeline_kwargs: dict[str, Any] = {}
-    if meter_given is not None:
-        mp: metrics.MeterProvider = meter_given
-        owns_mp = False
-        push_readers = readers()
-        sketch_mp = (
-            MeterProvider(resource=resource, metric_readers=push_readers, shutdown_on_exit=False)
-            if push_readers
-            else None
-        )
-    else:
-        all_readers = readers()
-        if "prometheus" in settings.exporters:
-            reader, server, address = _prometheus(settings)
-            all_readers.append(reader)
-            pipeline_kwargs.update(prometheus_server=server, prometheus_address=address)
-        sdk_mp = MeterProvider(
-            resource=resource, metric_readers=all_readers, shutdown_on_exit=False
-        )
-        mp, owns_mp, sketch_mp = sdk_mp, True, None
-        _built[sdk_mp] = os.getpid()
+    recording = None
+    try:
+        prometheus = None
+        if meter_given is None and "prometheus" in settings.exporters:
+            # First: the step most likely to fail for reasons outside the program.
+            prometheus = _prometheus(settings)
+            built.append(prometheus[1])
+            pipeline_kwargs.update(
+                prometheus_server=prometheus[1], prometheus_address=prometheus[2]
+            )
+        if "recording" in settings.exporters:
+            recording = RecordingFile(
+                recording_path(settings, resource),
+                max_bytes=settings.recording_max_bytes,
+                backups=settings.recording_backups,
+            )
+            built.append(recording)
+        temporality = ex.preferred_temporality()
+
+        # ---- traces
+        if tracer_given is not None:
+            tp: trace.TracerProvider = tracer_given
+            owns_tp = False
+        else:
+            sdk_tp = TracerProvider(
+                resource=resource, sampler=make_sampler(settings), shutdown_on_exit=False
+            )
+            built.append(sdk_tp)
+            for exporter in _span_exporters(settings, recording):
+                sdk_tp.add_span_processor(
+                    BoundedBatchSpanProcessor(
+                        ex.GuardedSpanExporter(exporter, stats),
+                        stats=stats,
+                        max_queue_size=settings.span_queue_size,
+                        max_export_batch_size=settings.span_export_batch_size,
+                        schedule_delay_s=settings.span_schedule_delay_ms / 1000,
+                    )
+                )
+            tp, owns_tp = sdk_tp, True
+
+        # ---- metrics
+        def readers() -> list[MetricReader]:
+            return [
+                ForkAwareMetricReader(
+                    ex.GuardedMetricExporter(
+                        exporter, stats, temporality=temporality, sketch_metrics=sketch_metrics
+                    ),
+                    export_interval_millis=settings.metric_export_interval_ms,
+                )
+                for exporter in _metric_exporters(settings, recording, temporality)
+            ]
+
+        if meter_given is not None:
+            mp: metrics.MeterProvider = meter_given
+            owns_mp = False
+            push_readers = readers()
+            sketch_mp = (
+                MeterProvider(
+                    resource=resource, metric_readers=push_readers, shutdown_on_exit=False
+                )
+                if push_readers
+                else None
+            )
+        else:
+            all_readers = readers()
+            if prometheus is not None:
+                all_readers.append(prometheus[0])
+            sdk_mp = MeterProvider(
+                resource=resource, metric_readers=all_readers, shutdown_on_exit=False
+            )
+            mp, owns_mp, sketch_mp = sdk_mp, True, None
+    except BaseException:
+        for item in reversed(built):
+            _discard(item)
+        raise
+
+    # ---- install: only once everything above succeeded
+    if recording is not None:
+        _announce(recording.path)
+    if owns_tp:
+        _built[tp] = os.getpid()
+        if global_tracer_provider() is None:
+            trace.set_tracer_provider(tp)
+    if owns_mp:
+        _built[mp] = os.getpid()
         if global_meter_provider() is None:
-            metrics.set_meter_provider(sdk_mp)
+            metrics.set_meter_provider(mp)
 
     return Pipeline(
         tracer_provider=tp,
@@ -295,6 +338,22 @@ def build_pipeline(
     )
 
 
+def _discard(item: Any) -> None:
+    """Undo one part of a pipeline whose construction failed (never raises)."""
+    try:
+        if isinstance(item, RecordingFile):
+            item.close()
+            if item.lines_written == 0 and item.path.exists() and item.path.stat().st_size == 0:
+                item.path.unlink()
+        elif isinstance(item, TracerProvider):
+            item.shutdown()
+        else:  # the Prometheus HTTP server
+            item.shutdown()
+            item.server_close()
+    except Exception as exc:  # noqa: BLE001 - cleaning up after a failure
+        _logger.debug("otelgpu: cleanup after a failed instrument(): %r", exc)
+
+
 def _prometheus(settings: Settings) -> tuple[MetricReader, Any, tuple[str, int]]:
     try:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -307,8 +366,18 @@ def _prometheus(settings: Settings) -> tuple[MetricReader, Any, tuple[str, int]]
             "prometheus",
             "an installed opentelemetry-exporter-prometheus (pip install 'otelgpu[prometheus]')",
         ) from exc
+    try:
+        server, _thread = start_http_server(settings.prometheus_port, addr=settings.prometheus_host)
+    except OSError as exc:  # port in use, address not local, permission denied ...
+        from otelgpu.errors import ConfigurationError
+
+        raise ConfigurationError(
+            "prometheus_port",
+            settings.prometheus_port,
+            f"a port that can be bound on {settings.prometheus_host} ({exc.strerror or exc}; "
+            "0 picks a free one; or change prometheus_host)",
+        ) from exc
     reader = PrometheusMetricReader()
-    server, _thread = start_http_server(settings.prometheus_port, addr=settings.prometheus_host)
     host, port = server.server_address[:2]
     return reader, server, (str(host), int(port))
 

@@ -102,13 +102,21 @@ def read_recording(path: str | os.PathLike[str]) -> Iterator[Message]:
 
 
 class RecordingFile:
-    """An append-only, size-rotated JSON-lines file (thread-safe)."""
+    """An append-only, size-rotated JSON-lines file (thread-safe).
+
+    Rotation is best effort and never ends the recording: if the file was removed or
+    renamed under us (a tmp cleaner, logrotate, a user), the rename is skipped and a new
+    file is opened at ``path``; if it cannot be opened (directory gone, disk full), the
+    write raises ``OSError`` (the exporter reports a failed export) and the next write
+    tries to open it again.
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, max_bytes: int, backups: int) -> None:
         self.path = Path(path)
         self._max_bytes = max_bytes
         self._backups = backups
         self._lock = threading.Lock()
+        self._closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived
         self._size = self._file.tell()
@@ -119,8 +127,10 @@ class RecordingFile:
         data = line + "\n"
         size = len(data.encode("utf-8"))
         with self._lock:
-            if self._file.closed:
+            if self._closed:
                 return
+            if self._file.closed:  # a failed rotation or reopen: try again now
+                self._open()
             if self._size and self._size + size > self._max_bytes:
                 self._rotate()
             self._file.write(data)
@@ -128,22 +138,31 @@ class RecordingFile:
             self._size += size
             self.lines_written += 1
 
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._size = self._file.tell()
+
     def _rotate(self) -> None:
         self._file.close()
-        if self._backups == 0:
-            self.path.unlink(missing_ok=True)
-        else:
-            for n in range(self._backups - 1, 0, -1):
-                older = self.path.with_name(f"{self.path.name}.{n}")
-                if older.exists():
-                    older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
-            self.path.replace(self.path.with_name(f"{self.path.name}.1"))
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-        self._size = 0
+        try:
+            if self._backups == 0:
+                self.path.unlink(missing_ok=True)
+            else:
+                for n in range(self._backups - 1, 0, -1):
+                    older = self.path.with_name(f"{self.path.name}.{n}")
+                    if older.exists():
+                        older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
+                if self.path.exists():
+                    self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        except OSError:
+            pass  # keep recording into a fresh file rather than stop (see the class doc)
         self.rotations += 1
+        self._open()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if not self._file.closed:
                 self._file.close()
 

@@ -159,6 +159,17 @@ class SketchHistogram:
         """Make :meth:`record` a no-op (after shutdown)."""
         self._enabled = False
 
+    def after_fork_in_child(self) -> None:
+        """Forget every series and stop recording, without waiting for the lock.
+
+        In a forked child only the forking thread exists: a lock another parent thread
+        held at fork time (an export reading the series) would never be released, so it
+        is replaced rather than acquired.
+        """
+        self._lock = threading.Lock()
+        self._series = {}
+        self._enabled = False
+
 
 class SketchRegistry:
     """All sketch histograms of one runtime; builds their metrics for each export."""
@@ -250,3 +261,10 @@ class SketchRegistry:
     def disable(self) -> None:
         for hist in self.histograms():
             hist.disable()
+
+    def after_fork_in_child(self) -> None:
+        """Reset and disable every histogram without acquiring a lock (see
+        :meth:`SketchHistogram.after_fork_in_child`)."""
+        self._lock = threading.Lock()
+        for hist in list(self._histograms.values()):
+            hist.after_fork_in_child()

@@ -53,6 +53,13 @@ class InternalStats:
         with self._lock:
             return sum(n for (s, _), n in self._dropped.items() if signal in (None, s))
 
+    def after_fork_in_child(self) -> None:
+        """Start from zero in a forked child, without acquiring the lock (a parent thread
+        may have held it at fork time; it would never be released here)."""
+        self._lock = threading.Lock()
+        self._errors = Counter()
+        self._dropped = Counter()
+
     def reset(self) -> None:
         """Forget everything (a forked child starts from zero)."""
         with self._lock:

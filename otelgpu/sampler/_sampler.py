@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import operator
 import os
 import threading
 import time
@@ -55,6 +56,24 @@ MIN_INTERVAL_S = 0.001
 MAX_INTERVAL_S = 3600.0
 MAX_RING_SAMPLES = 1 << 22  # per device; 4M x 200 bytes = 800 MiB is already absurd
 DEFAULT_EVENT_CAPACITY = 4096
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _time_bound(value: object) -> int | None:
+    """A window/event time bound as the cores take it, or ``None`` when it is no time.
+
+    Both cores see the same C ``int64``: integers (numpy's too) as they are, finite
+    floats truncated, both clamped to the int64 range (so the native core never meets an
+    OverflowError); ``None``, strings, NaN and the like give ``None``. Query methods are
+    on the application's hot path: they answer "nothing" instead of raising.
+    """
+    if isinstance(value, float):
+        return min(max(int(value), _INT64_MIN), _INT64_MAX) if math.isfinite(value) else None
+    try:
+        ns = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return min(max(ns, _INT64_MIN), _INT64_MAX)
 
 
 class SamplerCore(Protocol):
@@ -361,9 +380,13 @@ class BaseGpuSampler:
 
     # ---- reading ----------------------------------------------------------------
 
+    def _index_of(self, uuid: object) -> int | None:
+        # Not a UUID string (e.g. an unhashable list): unknown device, not an exception.
+        return self._index.get(uuid) if isinstance(uuid, str) else None
+
     def latest(self, uuid: str) -> GpuSample | None:
         """The newest sample of ``uuid``, or ``None`` (unknown device, no sample yet)."""
-        i = self._index.get(uuid)
+        i = self._index_of(uuid)
         if i is None:
             return None
         self._check_fork()
@@ -373,19 +396,22 @@ class BaseGpuSampler:
     def window(self, uuid: str, start_ns: int, end_ns: int) -> WindowStats | None:
         """Statistics of ``uuid`` over ``[start_ns, end_ns]`` (see ``WindowStats``).
 
-        ``None`` for an unknown device, an empty interval, or no sample at or before
-        ``end_ns``. Cost: a binary search plus one pass over the window's samples.
+        ``None`` for an unknown device, an empty interval, bounds that are not times
+        (never an exception), or no sample at or before ``end_ns``. Bounds beyond the
+        int64 range are clamped to it. Cost: a binary search plus one pass over the
+        window's samples.
         """
-        i = self._index.get(uuid)
-        if i is None:
+        i = self._index_of(uuid)
+        s_ns, e_ns = _time_bound(start_ns), _time_bound(end_ns)
+        if i is None or s_ns is None or e_ns is None:
             return None
         if self._pid != os.getpid():
             self._after_fork_in_child()
-        raw = self._core.window(i, start_ns, end_ns)
+        raw = self._core.window(i, s_ns, e_ns)
         if raw is None:
             return None
-        xids = tuple(e[3] for e in self._core.events(start_ns, end_ns, i, F.EV_XID))
-        return window_from_raw(uuid, start_ns, end_ns, raw, xids)
+        xids = tuple(e[3] for e in self._core.events(s_ns, e_ns, i, F.EV_XID))
+        return window_from_raw(uuid, s_ns, e_ns, raw, xids)
 
     def windows(self, start_ns: int, end_ns: int) -> dict[str, WindowStats]:
         """:meth:`window` for every device that has data, keyed by UUID."""
@@ -397,15 +423,21 @@ class BaseGpuSampler:
         return result
 
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
-        """Events in ``[start_ns, end_ns]`` (all devices, or ``uuid``), oldest first."""
+        """Events in ``[start_ns, end_ns]`` (all devices, or ``uuid``), oldest first.
+
+        Bounds are taken as :meth:`window` takes them (not times: no events).
+        """
         self._check_fork()
+        s_ns, e_ns = _time_bound(start_ns), _time_bound(end_ns)
+        if s_ns is None or e_ns is None:
+            return []
         dev = -1
         if uuid is not None:
-            found = self._index.get(uuid)
+            found = self._index_of(uuid)
             if found is None:
                 return []
             dev = found
-        raws: Sequence[Any] = self._core.events(start_ns, end_ns, dev, -1)
+        raws: Sequence[Any] = self._core.events(s_ns, e_ns, dev, -1)
         return [event_from_raw(self._uuids, raw) for raw in raws]
 
     def log_device_state(self) -> None:

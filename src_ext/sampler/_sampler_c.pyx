@@ -263,6 +263,8 @@ cdef class NativeCore:
 
     def device_state(self, int i):
         """(caps, disabled, lost, lost_t_ns, lost_code, errors, last_error)."""
+        if i < 0 or i >= self._ndev:  # never index the C array out of bounds
+            raise IndexError(f"device index {i} out of range")
         cdef otg_device_t *d = &self._st.dev[i]
         otg_lock_data(self._st)
         result = (d.caps, d.disabled, bool(d.lost), d.lost_t_ns, d.lost_code, d.errors,
@@ -273,6 +275,8 @@ cdef class NativeCore:
     def take_disabled(self, int i):
         """Fields switched off since the previous call (for logging each once)."""
         cdef uint32_t disabled
+        if i < 0 or i >= self._ndev:
+            raise IndexError(f"device index {i} out of range")
         with nogil:
             disabled = otg_take_disabled(self._st, i)
         return disabled

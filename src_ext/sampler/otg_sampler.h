@@ -744,14 +744,18 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
     }
     const otg_sample_t *pa = otg_at(st, d, first, a), *pb = otg_at(st, d, first, b);
     uint32_t both = pa->valid & pb->valid;
+    /* e_ns >= s_ns, but e_ns - s_ns overflows int64 for windows wider than ~292 years
+     * (e.g. [INT64_MIN, INT64_MAX]); the unsigned difference is exact. */
+    uint64_t span_ns = (uint64_t)e_ns - (uint64_t)s_ns;
     if (a < b && (both & OTG_F_ENERGY) && pb->energy_mj >= pa->energy_mj &&
-        e_ns - s_ns >= OTG_ENERGY_MIN_SPAN_NS && pb->t_ns - pa->t_ns >= OTG_ENERGY_MIN_SPAN_NS) {
-        w->energy_j = (double)(pb->energy_mj - pa->energy_mj) * (double)(e_ns - s_ns) /
+        span_ns >= (uint64_t)OTG_ENERGY_MIN_SPAN_NS &&
+        pb->t_ns - pa->t_ns >= OTG_ENERGY_MIN_SPAN_NS) {
+        w->energy_j = (double)(pb->energy_mj - pa->energy_mj) * (double)span_ns /
                       (double)(pb->t_ns - pa->t_ns) / 1000.0;
         w->energy_from_counter = 1;
         w->valid |= OTG_F_ENERGY;
     } else if (n_power > 0) {
-        w->energy_j = w->power_mean_w * (double)(e_ns - s_ns) / 1e9;
+        w->energy_j = w->power_mean_w * (double)span_ns / 1e9;
         w->valid |= OTG_F_ENERGY;
     }
 #define OTG_DELTA(bit, field, out)                                             \

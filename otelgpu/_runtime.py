@@ -33,7 +33,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from otelgpu._settings import Settings
 from otelgpu.otel import gpu_context, names
 from otelgpu.otel.counters import LocalCounter
-from otelgpu.otel.sketches import SketchHistogram, SketchRegistry
+from otelgpu.otel.sketches import SketchHistogram, SketchRegistry, freeze
 from otelgpu.otel.stats import InternalStats
 from otelgpu.version import __version__
 
@@ -77,6 +77,83 @@ def _extra_attributes(prefix: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Most request label sets :meth:`Runtime._request_labels` keeps.
+_LABEL_CACHE_SIZE = 256
+
+
+class _RequestLabels:
+    """The metric attribute sets of one kind of request, with their series keys.
+
+    See ``Runtime.finish_request``. A key is ``None`` when its attribute set cannot be
+    frozen (an unhashable attribute value): the metric then reports the error itself.
+    """
+
+    __slots__ = (
+        "base",
+        "base_key",
+        "duration",
+        "duration_key",
+        "input_key",
+        "input_tokens",
+        "ok",
+        "output_key",
+        "output_tokens",
+        "requests",
+        "requests_key",
+    )
+
+    def __init__(
+        self,
+        model: str | None,
+        operation: str,
+        provider: str,
+        outcome: str,
+        error_type: str | None,
+        attributes: Mapping[str, Any] | None,
+    ) -> None:
+        base: dict[str, Any] = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": provider,
+        }
+        if model:
+            base["gen_ai.request.model"] = model
+        if attributes:
+            # Cached: own copies of list values (a caller may reuse and mutate its lists).
+            base.update((k, list(v) if isinstance(v, list) else v) for k, v in attributes.items())
+        self.base = base
+        self.ok = outcome == "ok"
+        self.duration = base if self.ok else {**base, "error.type": error_type or outcome}
+        self.requests = {**base, "otelgpu.request.outcome": outcome}
+        self.output_tokens = {**base, "gen_ai.token.type": "output"}
+        self.input_tokens = {**base, "gen_ai.token.type": "input"}
+        self.base_key = _key(self.base)
+        self.duration_key = _key(self.duration)
+        self.requests_key = _key(self.requests)
+        self.output_key = _key(self.output_tokens)
+        self.input_key = _key(self.input_tokens)
+
+
+def _key(attributes: Mapping[str, Any]) -> Any:
+    try:
+        return freeze(attributes)
+    except Exception:  # noqa: BLE001 - recorded without a key: the metric reports it
+        return None
+
+
+def _record(hist: SketchHistogram, value: float, attributes: Mapping[str, Any], key: Any) -> None:
+    if key is None:
+        hist.record(value, attributes)
+    else:
+        hist.record_frozen(value, key, attributes)
+
+
+def _add(counter: LocalCounter, amount: int, attributes: Mapping[str, Any], key: Any) -> None:
+    if key is None:
+        counter.add(amount, attributes)
+    else:
+        counter.add_frozen(amount, key, attributes)
+
+
 class Runtime:
     """One instrumented process's telemetry state (see the module docstring)."""
 
@@ -111,6 +188,7 @@ class Runtime:
         self._health_seen: dict[tuple[Any, ...], None] = {}
         self._health_counts: dict[tuple[str, str], int] = {}
         self._health_cursor_ns = time.time_ns()
+        self._label_cache: dict[tuple[Any, ...], _RequestLabels] = {}
 
         m = self.meter
         self.step_duration = self._sketch(names.TRAIN_STEP_DURATION)
@@ -204,7 +282,10 @@ class Runtime:
         if sampler is None:
             return []
         try:
-            events = list(sampler.events(start_ns, end_ns))
+            events = sampler.events(start_ns, end_ns)
+            if not events:  # the common case: nothing to filter or copy
+                return []
+            events = list(events)
         except Exception as exc:  # noqa: BLE001
             self.report_error("gpu events", exc)
             return []
@@ -271,18 +352,21 @@ class Runtime:
         """Attributes, GPU context, metrics, then end ``span`` at ``end_ns``. Never raises."""
         try:
             duration_s = max(end_ns - start_ns, 0) / 1e9
-            attrs = self.step_attributes(duration_s, step, samples, tokens)
-            if attributes:
-                attrs.update(attributes)
-            if span.is_recording():
-                if self.sampler is not None:
+            if span.is_recording():  # an unsampled span gets no attribute dict built
+                attrs = self.step_attributes(duration_s, step, samples, tokens)
+                if attributes:
+                    attrs.update(attributes)
+                sampler = self.sampler
+                if sampler is not None:
                     attrs.update(self.gpu_attributes(start_ns, end_ns, devices))
                 span.set_attributes(attrs)
-                self.add_gpu_events(span, start_ns, end_ns, devices)
+                if sampler is not None:
+                    self.add_gpu_events(span, start_ns, end_ns, devices)
                 if failed is not None:
                     span.record_exception(failed)
                     span.set_status(Status(StatusCode.ERROR, type(failed).__qualname__))
-            metric_attrs = dict(attributes) if attributes else None
+            # The metric calls copy an attribute set only when it is new to them.
+            metric_attrs = attributes or None
             self.step_duration.record(duration_s, metric_attrs)
             self._steps.add(1, metric_attrs)
             if samples:
@@ -367,61 +451,89 @@ class Runtime:
         """Attributes, GPU context, metrics, then end ``span`` at ``end_ns``. Never raises."""
         try:
             duration_s = max(end_ns - start_ns, 0) / 1e9
-            base: dict[str, Any] = {
-                "gen_ai.operation.name": operation,
-                "gen_ai.provider.name": provider,
-            }
-            if model:
-                base["gen_ai.request.model"] = model
-            if attributes:
-                base.update(attributes)
-            span_attrs: dict[str, Any] = {"otelgpu.request.outcome": outcome}
             ttft_s = None
             tpot_s = None
             if first_token_ns is not None:
                 ttft_s = max(first_token_ns - start_ns, 0) / 1e9
-                span_attrs["otelgpu.request.time_to_first_token"] = ttft_s
                 if output_tokens > 1:
                     tpot_s = max(end_ns - first_token_ns, 0) / 1e9 / (output_tokens - 1)
+            if span.is_recording():  # an unsampled span gets no attribute dict built
+                span_attrs: dict[str, Any] = {"otelgpu.request.outcome": outcome}
+                if ttft_s is not None:
+                    span_attrs["otelgpu.request.time_to_first_token"] = ttft_s
+                if tpot_s is not None:
                     span_attrs["otelgpu.request.time_per_output_token"] = tpot_s
-            if output_tokens:
-                span_attrs["gen_ai.usage.output_tokens"] = output_tokens
-            if input_tokens is not None:
-                span_attrs["gen_ai.usage.input_tokens"] = input_tokens
-            if queue_time_s is not None:
-                span_attrs["otelgpu.request.queue_time"] = queue_time_s
-            if error_type is not None:
-                span_attrs["error.type"] = error_type
-            if span.is_recording():
+                if output_tokens:
+                    span_attrs["gen_ai.usage.output_tokens"] = output_tokens
+                if input_tokens is not None:
+                    span_attrs["gen_ai.usage.input_tokens"] = input_tokens
+                if queue_time_s is not None:
+                    span_attrs["otelgpu.request.queue_time"] = queue_time_s
+                if error_type is not None:
+                    span_attrs["error.type"] = error_type
                 if attributes:
                     span_attrs.update(attributes)
-                if self.sampler is not None:
+                sampler = self.sampler
+                if sampler is not None:
                     span_attrs.update(self.gpu_attributes(start_ns, end_ns, devices))
                 span.set_attributes(span_attrs)
-                self.add_gpu_events(span, start_ns, end_ns, devices)
+                if sampler is not None:
+                    self.add_gpu_events(span, start_ns, end_ns, devices)
                 if exception is not None:
                     span.record_exception(exception)
                 if outcome != "ok":
                     span.set_status(Status(StatusCode.ERROR, error_type or outcome))
-            ok = outcome == "ok"
-            self.request_duration.record(
-                duration_s, base if ok else {**base, "error.type": error_type or outcome}
+            labels = self._request_labels(
+                model, operation, provider, outcome, error_type, attributes
             )
-            if ok and ttft_s is not None:
-                self.ttft.record(ttft_s, base)
-            if ok and tpot_s is not None:
-                self.tpot.record(tpot_s, base)
+            _record(self.request_duration, duration_s, labels.duration, labels.duration_key)
+            if labels.ok:
+                if ttft_s is not None:
+                    _record(self.ttft, ttft_s, labels.base, labels.base_key)
+                if tpot_s is not None:
+                    _record(self.tpot, tpot_s, labels.base, labels.base_key)
             if queue_time_s is not None:
-                self.queue_duration.record(queue_time_s, base)
-            self._requests.add(1, {**base, "otelgpu.request.outcome": outcome})
+                _record(self.queue_duration, queue_time_s, labels.base, labels.base_key)
+            _add(self._requests, 1, labels.requests, labels.requests_key)
             if output_tokens:
-                self._out_tokens.add(output_tokens, {**base, "gen_ai.token.type": "output"})
+                _add(self._out_tokens, output_tokens, labels.output_tokens, labels.output_key)
             if input_tokens:
-                self._out_tokens.add(input_tokens, {**base, "gen_ai.token.type": "input"})
+                _add(self._out_tokens, input_tokens, labels.input_tokens, labels.input_key)
         except Exception as exc:  # noqa: BLE001 - hot path
             self.report_error("request", exc)
         finally:
             span.end(end_time=end_ns)
+
+    def _request_labels(
+        self,
+        model: str | None,
+        operation: str,
+        provider: str,
+        outcome: str,
+        error_type: str | None,
+        attributes: Mapping[str, Any] | None,
+    ) -> _RequestLabels:
+        """The metric attribute sets of a request, cached by their values.
+
+        A service sees a handful of (model, operation, provider, outcome, attributes)
+        combinations, so the dicts and their series keys are built once each: a request
+        then costs one freeze of its extra attributes (none without), not one per metric.
+        The cache is bounded: it is emptied when it holds ``_LABEL_CACHE_SIZE`` entries.
+        The dicts are shared and never mutated (the sketches and counters copy an
+        attribute set when they first see it).
+        """
+        try:
+            key = (model, operation, provider, outcome, error_type, freeze(attributes))
+            labels = self._label_cache.get(key)
+        except Exception:  # noqa: BLE001 - unhashable values: built for this request only
+            return _RequestLabels(model, operation, provider, outcome, error_type, attributes)
+        if labels is None:
+            labels = _RequestLabels(model, operation, provider, outcome, error_type, attributes)
+            cache = self._label_cache
+            if len(cache) >= _LABEL_CACHE_SIZE:
+                cache.clear()
+            cache[key] = labels
+        return labels
 
     def record_request(self, start_ns: int, end_ns: int, **fields: Any) -> Span:
         """Record a finished inference request ``[start_ns, end_ns]``; returns its (ended) span.

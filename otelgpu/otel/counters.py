@@ -25,7 +25,9 @@ from otelgpu.otel.sketches import OVERFLOW_ATTRIBUTES, _freeze
 from otelgpu.otel.stats import InternalStats
 
 _OVERFLOW_KEY = _freeze(OVERFLOW_ATTRIBUTES)
+_EMPTY_KEY: frozenset[Any] = frozenset()
 _PLAIN = (int, float)  # the fast path of the type check
+_INF = math.inf
 
 
 class LocalCounter:
@@ -62,25 +64,51 @@ class LocalCounter:
                 isinstance(amount, bool) or not isinstance(amount, numbers.Real)
             ):
                 raise TypeError(f"{self.name}: amount must be a number, got {amount!r}")
-            if not 0 <= amount < math.inf:
+            if not 0 <= amount < _INF:
                 raise ValueError(f"{self.name}: amount must be finite and >= 0, got {amount!r}")
-            key = _freeze(attributes) if attributes else frozenset()
+            key = _freeze(attributes) if attributes else _EMPTY_KEY
             with self._lock:
                 entry = self._values.get(key)
                 if entry is None:
-                    if len(self._values) >= self._max_series:
-                        key, attributes = _OVERFLOW_KEY, OVERFLOW_ATTRIBUTES
-                        entry = self._values.get(key)
-                    if entry is None:
-                        entry = self._values[key] = [dict(attributes or {}), 0]
+                    entry = self._new_entry(key, attributes)
                 entry[1] += amount
         except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
             if self._stats is not None:
                 self._stats.report_error(f"counter {self.name}", exc)
 
+    def add_frozen(self, amount: int, key: Any, attributes: Mapping[str, Any]) -> None:
+        """:meth:`add` of a plain non-negative ``int`` with the attribute set's key known.
+
+        ``key`` must equal ``otelgpu.otel.sketches.freeze(attributes)`` (for callers that
+        add to the same attribute set many times and keep its key). Never raises; any
+        other amount takes :meth:`add` and its checks.
+        """
+        if type(amount) is not int or amount < 0:
+            self.add(amount, attributes)
+            return
+        try:
+            with self._lock:
+                entry = self._values.get(key)
+                if entry is None:
+                    entry = self._new_entry(key, attributes)
+                entry[1] += amount
+        except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
+            if self._stats is not None:
+                self._stats.report_error(f"counter {self.name}", exc)
+
+    def _new_entry(self, key: Any, attributes: Mapping[str, Any] | None) -> list[Any]:
+        """The entry of a new attribute set, or the overflow one (caller holds the lock)."""
+        if len(self._values) >= self._max_series:
+            key, attributes = _OVERFLOW_KEY, OVERFLOW_ATTRIBUTES
+            entry = self._values.get(key)
+            if entry is not None:
+                return entry
+        entry = self._values[key] = [dict(attributes or {}), 0]
+        return entry
+
     def value(self, attributes: Mapping[str, Any] | None = None) -> float:
         """The total for exactly ``attributes`` (0 if never added)."""
-        key = _freeze(attributes) if attributes else frozenset()
+        key = _freeze(attributes) if attributes else _EMPTY_KEY
         with self._lock:
             entry = self._values.get(key)
             return float(entry[1]) if entry is not None else 0.0

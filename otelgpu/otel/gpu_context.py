@@ -50,6 +50,12 @@ _INTEGER = frozenset(
 )
 #: Attributes left out when zero (the common case; keeps spans small and cheap).
 _SPARSE = frozenset({"otelgpu.gpu.throttled_fraction", "otelgpu.gpu.ecc.uncorrected"})
+#: The one-GPU hot path's view of _FIELDS: (attribute, field, scale, integer, sparse),
+#: so no set lookups per field and window.
+_SINGLE: tuple[tuple[str, str, float, bool, bool], ...] = tuple(
+    (attribute, name, scale, attribute in _INTEGER, attribute in _SPARSE)
+    for attribute, name, _combine, scale in _FIELDS
+)
 
 
 def _number(stats: Any, name: str) -> float | None:
@@ -71,12 +77,12 @@ def window_attributes(windows: Mapping[str, Any]) -> dict[str, Any]:
     if len(stats) == 1:
         uuid, w = stats[0]
         out["hw.id"] = uuid
-        for attribute, name, _combine, scale in _FIELDS:
+        for attribute, name, scale, integer, sparse in _SINGLE:
             # WindowStats fields are numbers or None (sampler contract): no type checks here.
             v = getattr(w, name, None)
-            if v is None or (not v and attribute in _SPARSE):
+            if v is None or (sparse and not v):
                 continue
-            out[attribute] = int(v) if attribute in _INTEGER else v * scale
+            out[attribute] = int(v) if integer else v * scale
     else:
         out["otelgpu.gpu.ids"] = [uuid for uuid, _ in stats]
         for attribute, name, combine, scale in _FIELDS:

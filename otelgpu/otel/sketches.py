@@ -11,6 +11,8 @@ backend sees one monotonic series per attribute set. The quantile gauges
 
 Hot path: :meth:`SketchHistogram.record` is a dict lookup plus ``sketch.add`` (the sketch
 is thread-safe); the registry lock is taken only to create a series. It never raises.
+:meth:`SketchHistogram.record_many` adds a batch for one attribute set (one lookup, one
+``sketch.add_many``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,14 @@ from opentelemetry.sdk.metrics.export import (
 from otelgpu.otel.stats import InternalStats
 
 OVERFLOW_ATTRIBUTES: Mapping[str, Any] = {"otel.metric.overflow": True}
+
+#: The key of the series without attributes (shared: no frozenset built per record).
+_EMPTY_KEY: frozenset[Any] = frozenset()
+
+
+def freeze(attributes: Mapping[str, Any] | None) -> Any:
+    """The series key of an attribute set (hashable, order-insensitive; ``None`` = empty)."""
+    return _freeze(attributes) if attributes else _EMPTY_KEY
 
 
 def _freeze(attributes: Mapping[str, Any]) -> Any:
@@ -81,11 +91,52 @@ class SketchHistogram:
         if not self._enabled:
             return
         try:
-            key = _freeze(attributes) if attributes else frozenset()
+            key = _freeze(attributes) if attributes else _EMPTY_KEY
             series = self._series.get(key)
             if series is None:
                 series = self._create(key, attributes or {})
             series.sketch.add(value)
+        except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
+            self._stats.report_error(f"record {self.name}", exc)
+
+    def record_frozen(self, value: float, key: Any, attributes: Mapping[str, Any]) -> None:
+        """:meth:`record` with the attribute set's key already computed (``freeze(attributes)``).
+
+        For callers that record the same attribute set many times and keep its key (the
+        runtime's request metrics). ``key`` must equal ``freeze(attributes)``. Never raises.
+        """
+        if not self._enabled:
+            return
+        try:
+            series = self._series.get(key)
+            if series is None:
+                series = self._create(key, attributes)
+            series.sketch.add(value)
+        except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
+            self._stats.report_error(f"record {self.name}", exc)
+
+    def record_many(self, values: Any, attributes: Mapping[str, Any] | None = None) -> None:
+        """Add every value of ``values`` (an iterable or float64 buffer) for ``attributes``.
+
+        Same result as :meth:`record` for each value in order (non-numbers, NaN and
+        infinities are counted as the sketch's rejected values), but the attribute set is
+        looked up once and the sketch lock taken once. Never raises: a ``values`` that is
+        not iterable is reported in ``otelgpu.internal.errors``. An empty batch creates no
+        series.
+        """
+        if not self._enabled:
+            return
+        try:
+            if isinstance(values, Sized) and not len(values):
+                return
+            key = _freeze(attributes) if attributes else _EMPTY_KEY
+            series = self._series.get(key)
+            if series is None:
+                values = list(values)  # an iterator: do not create a series for nothing
+                if not values:
+                    return
+                series = self._create(key, attributes or {})
+            series.sketch.add_many(values)
         except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
             self._stats.report_error(f"record {self.name}", exc)
 

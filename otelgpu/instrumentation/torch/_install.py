@@ -218,33 +218,28 @@ class Installation:
 
     def install_lightning(self, module: ModuleType) -> None:
         """Lightning's ``Trainer.save_checkpoint`` (``lightning`` or ``pytorch_lightning``)."""
-        trainer = getattr(module, "Trainer", None)
-        if trainer is None or not self._checkpoints:
-            return
-        with self._lock:
-            self.patches.wrap(
-                trainer,
-                "save_checkpoint",
-                P.checkpoint_save(
-                    "lightning", self.tracker, self.sink, P.lightning_save_size, method=True
-                ),
-            )
-            self.installed.append("lightning")
+        self._install_trainer_checkpoint(
+            module, "save_checkpoint", "lightning", P.lightning_save_size
+        )
 
     def install_transformers(self, module: ModuleType) -> None:
         """Hugging Face ``Trainer._save_checkpoint``."""
+        self._install_trainer_checkpoint(module, "_save_checkpoint", "transformers", P.hf_save_size)
+
+    def _install_trainer_checkpoint(
+        self, module: ModuleType, method: str, label: str, size_of: Any
+    ) -> None:
+        """Wrap ``module.Trainer.<method>`` as a checkpoint save named ``label``."""
         trainer = getattr(module, "Trainer", None)
         if trainer is None or not self._checkpoints:
             return
         with self._lock:
             self.patches.wrap(
                 trainer,
-                "_save_checkpoint",
-                P.checkpoint_save(
-                    "transformers", self.tracker, self.sink, P.hf_save_size, method=True
-                ),
+                method,
+                P.checkpoint_save(label, self.tracker, self.sink, size_of, method=True),
             )
-            self.installed.append("transformers")
+            self.installed.append(label)
 
     def install_deepspeed(self, module: ModuleType) -> None:
         """DeepSpeed ``DeepSpeedEngine.step``: the engine's ``global_steps`` decides."""

@@ -13,9 +13,11 @@ TORCH_VERSION ?= 2.13.0
 
 .PHONY: demo test lint pytest pytest-native pytest-pure ext venv deps bench test-gpu clean backend-deps
 
+# setuptools-scm: some test dependencies (gpustat) ship only sdists whose build needs it, and the
+# editable install below runs without build isolation (so those builds use this venv).
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip "setuptools>=69" wheel "Cython>=3.0.10"
+	$(PIP) install -q --upgrade pip "setuptools>=69" wheel "Cython>=3.0.10" "setuptools-scm>=8"
 
 # Dependencies are re-installed only when their declarations change (CI keeps .venv warm).
 $(STAMP): $(VPY) pyproject.toml $(wildcard tests/requirements/*.txt)

@@ -17,8 +17,10 @@ trailing garbage, bit flip (CRC) or impossible content raises
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
+import sys
 import zlib
 
 from otelgpu.errors import CorruptDataError
@@ -155,8 +157,59 @@ def decode(data: bytes | bytearray | memoryview) -> SketchState:
     return state
 
 
+COUNT_LIMIT = 1 << 64  # counters are uint64 in the native twin; the pure twin keeps the same bound
+_SMALLEST_SUBNORMAL = 5e-324
+
+
+@functools.lru_cache(maxsize=_mapping.MAX_SCALE - _mapping.MIN_SCALE + 1)
+def index_bounds(scale: int) -> tuple[int, int]:
+    """The lowest and highest bucket index any finite double can map to at ``scale``."""
+    factor = _mapping.scale_factor(scale)
+    return (
+        _mapping.map_to_index(_SMALLEST_SUBNORMAL, scale, factor),
+        _mapping.map_to_index(sys.float_info.max, scale, factor),
+    )
+
+
+def _check_store(name: str, scale: int, offset: int, counts: list[int]) -> None:
+    if not counts:
+        return
+    lo, hi = index_bounds(scale)
+    if not lo <= offset <= hi - (len(counts) - 1):
+        raise CorruptDataError(
+            f"sketch {name} buckets {offset}..{offset + len(counts) - 1} lie outside the "
+            f"indexes {lo}..{hi} possible at scale {scale}"
+        )
+    if any(not 0 <= c < COUNT_LIMIT for c in counts):
+        raise CorruptDataError(f"sketch {name} bucket counts must lie in 0..2**64-1")
+
+
 def check(state: SketchState) -> None:
-    """Reject a state whose summary statistics contradict its buckets."""
+    """Reject a state no sketch could hold: fields out of range or contradicting each other.
+
+    Every field is checked before either twin uses it (bucket indexes within the range of
+    finite doubles at the state's scale, counts below 2**64, summary statistics consistent
+    with the buckets), so both twins accept and reject exactly the same states.
+    """
+    if not _mapping.MIN_SCALE <= state.scale <= _mapping.MAX_SCALE:
+        raise CorruptDataError(f"sketch holds an impossible scale {state.scale}")
+    if not 2 <= state.max_buckets <= MAX_BUCKETS_LIMIT:
+        raise CorruptDataError(f"sketch holds an impossible max_buckets {state.max_buckets}")
+    for name, offset, counts in (
+        ("positive", state.positive_offset, state.positive),
+        ("negative", state.negative_offset, state.negative),
+    ):
+        if len(counts) > state.max_buckets:
+            raise CorruptDataError(
+                f"sketch holds {len(counts)} {name} buckets, over max_buckets {state.max_buckets}"
+            )
+        _check_store(name, state.scale, offset, counts)
+    if not 0 <= state.zero_count < COUNT_LIMIT or not 0 <= state.rejected < COUNT_LIMIT:
+        raise CorruptDataError("sketch zero/rejected counts must lie in 0..2**64-1")
+    if state.value_count >= COUNT_LIMIT:
+        raise CorruptDataError("sketch holds 2**64 values or more (its count would overflow)")
+    if math.isnan(state.sum):
+        raise CorruptDataError("sketch sum is NaN")
     if state.value_count == 0:
         if not (state.min == math.inf and state.max == -math.inf and state.sum == 0.0):
             raise CorruptDataError("an empty sketch must have min=inf, max=-inf, sum=0")

@@ -21,6 +21,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.math cimport INFINITY, NAN
 from libc.stdint cimport int64_t, uint64_t
 
+from otelgpu.errors import CorruptDataError
 from otelgpu.sketch import _codec, _config, _mapping, _otlp
 from otelgpu.sketch._state import SketchState
 
@@ -126,6 +127,11 @@ cdef list _dense(const otg_store *s):
 cdef int _fill_store(otg_store *dst, int64_t offset, list counts, int shift) except -1:
     cdef Py_ssize_t i
     cdef uint64_t c
+    # _codec.check bounds every decoded index; this guard keeps ``offset + i`` defined
+    # for any other caller (a duck-typed ``_state()`` handed to merge()).
+    lo, hi = _codec.index_bounds(_mapping.MAX_SCALE)
+    if counts and not (lo <= offset and offset + len(counts) - 1 <= hi):
+        raise CorruptDataError(f"sketch bucket offset {offset} is out of range")
     for i in range(len(counts)):
         c = counts[i]
         if c and otg_store_add(dst, otg_shr(offset + i, shift), c) < 0:

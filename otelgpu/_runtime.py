@@ -77,6 +77,13 @@ def _extra_attributes(prefix: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def cap_values(attributes: Mapping[str, Any] | None, limit: int) -> Mapping[str, Any] | None:
+    """``attributes`` with string values cut to ``limit`` characters (the SDK's rule for spans)."""
+    if not attributes or all(len(v) <= limit for v in attributes.values() if isinstance(v, str)):
+        return attributes
+    return {k: v[:limit] if isinstance(v, str) else v for k, v in attributes.items()}
+
+
 #: Most request label sets :meth:`Runtime._request_labels` keeps.
 _LABEL_CACHE_SIZE = 256
 
@@ -418,6 +425,9 @@ class Runtime:
     def start_request_span(
         self, model: str | None, operation: str, provider: str, start_ns: int, context: Any = None
     ) -> Span:
+        limit = self.settings.attribute_value_length_limit
+        if model and len(model) > limit:  # span names have no SDK limit: cap it here
+            model = model[:limit]
         name = f"{operation} {model}" if model else operation
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": operation,
@@ -522,12 +532,17 @@ class Runtime:
         The dicts are shared and never mutated (the sketches and counters copy an
         attribute set when they first see it).
         """
+        limit = self.settings.attribute_value_length_limit
+        if model and len(model) > limit:  # one huge value must not make a batch unsendable
+            model = model[:limit]
         try:
             key = (model, operation, provider, outcome, error_type, freeze(attributes))
             labels = self._label_cache.get(key)
         except Exception:  # noqa: BLE001 - unhashable values: built for this request only
+            attributes = cap_values(attributes, limit)
             return _RequestLabels(model, operation, provider, outcome, error_type, attributes)
         if labels is None:
+            attributes = cap_values(attributes, limit)
             labels = _RequestLabels(model, operation, provider, outcome, error_type, attributes)
             cache = self._label_cache
             if len(cache) >= _LABEL_CACHE_SIZE:

@@ -11,6 +11,7 @@ Nothing here is on a hot path.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from typing import Any
 
 from otelgpu import environment_variables as ev
 from otelgpu.errors import ConfigurationError
+
+_log = logging.getLogger("otelgpu")
 
 EXPORTERS = ("otlp", "console", "prometheus", "recording", "none")
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -63,6 +66,7 @@ class Settings:
     recording_dir: str = "otelgpu-recordings"
     recording_max_bytes: int = 64 * 1024 * 1024
     recording_backups: int = 3
+    recording_dir_max_bytes: int = 1024 * 1024 * 1024
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int = 9464
     gpu: bool = True
@@ -74,6 +78,7 @@ class Settings:
     max_series: int = 1000
     attach: str = "auto"
     frameworks: tuple[str, ...] = ("torch",)
+    attribute_value_length_limit: int = 4096
 
 
 # --------------------------------------------------------------------------- parsers
@@ -217,8 +222,40 @@ def _pem_file(raw: object) -> str:
     return path
 
 
-def _ms_from_seconds_text(raw: object) -> int:
-    return _int_range(1)(raw)
+#: Upper bounds of the time and size settings. Beyond them a value is a typo or an attack,
+#: never a configuration: a 1e23 ms export interval used to overflow the export thread's
+#: wait and end it, so nothing was ever exported.
+_DAY_MS = 86_400_000
+_HOUR_MS = 3_600_000
+_MAX_QUEUE = 10_000_000
+_TIB = 1 << 40
+
+REDACTED = "<redacted>"
+
+
+def redact_key_values(raw: object) -> str:
+    """``k=<redacted>,...`` for a header value: names are kept, values never shown."""
+    if isinstance(raw, Mapping):
+        names = [str(k) for k in raw]
+    elif isinstance(raw, str):
+        names = [p.partition("=")[0].strip() for p in raw.split(",") if p.strip()]
+    else:
+        return REDACTED
+    return ",".join(f"{name}={REDACTED}" for name in names) or REDACTED
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password in its user-info part (``http://user:<redacted>@host``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
 
 
 @dataclass(frozen=True)
@@ -231,6 +268,8 @@ class Setting:
     parse: Callable[[object], Any]
     accepted: str
     doc: str
+    #: Values are secrets (auth headers): never echoed in errors, ``doctor`` or logs.
+    secret: bool = False
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -251,35 +290,44 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("otlp_protocol", ev.OTELGPU_OTLP_PROTOCOL, "OTEL_EXPORTER_OTLP_PROTOCOL",
             _choice(PROTOCOLS), " or ".join(PROTOCOLS), "OTLP transport."),
     Setting("otlp_headers", ev.OTELGPU_OTLP_HEADERS, "OTEL_EXPORTER_OTLP_HEADERS", _key_values,
-            "a mapping or 'key=value,...'", "Headers sent with every OTLP request."),
+            "a mapping or 'key=value,...'", "Headers sent with every OTLP request (values are "
+            "never shown by errors, logs or doctor).", secret=True),
     Setting("otlp_insecure", ev.OTELGPU_OTLP_INSECURE, "OTEL_EXPORTER_OTLP_INSECURE", _bool,
             "true or false", "Plaintext gRPC (no TLS)."),
     Setting("otlp_certificate", ev.OTELGPU_OTLP_CERTIFICATE, "OTEL_EXPORTER_OTLP_CERTIFICATE",
             _pem_file,
             "a path to a readable PEM file", "CA bundle used to verify the collector."),
-    Setting("otlp_timeout_ms", ev.OTELGPU_OTLP_TIMEOUT_MS, None, _int_range(1),
-            "an integer >= 1 (milliseconds)", "Deadline of one OTLP export, retries included."),
+    Setting("otlp_timeout_ms", ev.OTELGPU_OTLP_TIMEOUT_MS, None, _int_range(1, _HOUR_MS),
+            "an integer in [1, 3600000] (milliseconds)",
+            "Deadline of one OTLP export, retries included."),
     Setting("metric_export_interval_ms", ev.OTELGPU_METRIC_EXPORT_INTERVAL_MS,
-            "OTEL_METRIC_EXPORT_INTERVAL", _int_range(1), "an integer >= 1 (milliseconds)",
-            "Period of metric export."),
+            "OTEL_METRIC_EXPORT_INTERVAL", _int_range(1, _DAY_MS),
+            "an integer in [1, 86400000] (milliseconds)", "Period of metric export."),
     Setting("traces_sampler", ev.OTELGPU_TRACES_SAMPLER, "OTEL_TRACES_SAMPLER", _choice(SAMPLERS),
             "one of " + ", ".join(SAMPLERS), "Trace sampler."),
     Setting("traces_sampler_arg", ev.OTELGPU_TRACES_SAMPLER_ARG, "OTEL_TRACES_SAMPLER_ARG",
             _float_range(0.0, 1.0, lo_open=False, hi_open=False), "a number in [0, 1]",
             "Sampling ratio of the *traceidratio samplers."),
-    Setting("span_queue_size", ev.OTELGPU_SPAN_QUEUE_SIZE, "OTEL_BSP_MAX_QUEUE_SIZE", _int_range(1),
-            "an integer >= 1", "Bound of the span export queue (overflow is dropped and counted)."),
+    Setting("span_queue_size", ev.OTELGPU_SPAN_QUEUE_SIZE, "OTEL_BSP_MAX_QUEUE_SIZE",
+            _int_range(1, _MAX_QUEUE), "an integer in [1, 10000000]",
+            "Bound of the span export queue (overflow is dropped and counted)."),
     Setting("span_export_batch_size", ev.OTELGPU_SPAN_EXPORT_BATCH_SIZE,
-            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _int_range(1), "an integer >= 1",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _int_range(1, _MAX_QUEUE),
+            "an integer in [1, 10000000]",
             "Spans per export request."),
     Setting("span_schedule_delay_ms", ev.OTELGPU_SPAN_SCHEDULE_DELAY_MS, "OTEL_BSP_SCHEDULE_DELAY",
-            _int_range(1), "an integer >= 1 (milliseconds)", "Delay between span exports."),
+            _int_range(1, _HOUR_MS), "an integer in [1, 3600000] (milliseconds)",
+            "Delay between span exports."),
     Setting("recording_dir", ev.OTELGPU_RECORDING_DIR, None, _path, "a directory path",
             "Directory of the local recording (OTLP JSON lines)."),
-    Setting("recording_max_bytes", ev.OTELGPU_RECORDING_MAX_BYTES, None, _int_range(4096),
-            "an integer >= 4096 (bytes)", "Size at which the recording rotates."),
+    Setting("recording_max_bytes", ev.OTELGPU_RECORDING_MAX_BYTES, None, _int_range(4096, _TIB),
+            "an integer in [4096, 2**40] (bytes)", "Size at which the recording rotates."),
     Setting("recording_backups", ev.OTELGPU_RECORDING_BACKUPS, None, _int_range(0, 100),
             "an integer in [0, 100]", "Rotated recording files kept."),
+    Setting("recording_dir_max_bytes", ev.OTELGPU_RECORDING_DIR_MAX_BYTES, None,
+            _int_range(4096, _TIB), "an integer in [4096, 2**40] (bytes)",
+            "Total size of the recordings in one directory; the oldest files are removed "
+            "when a new file starts or rotates."),
     Setting("prometheus_host", ev.OTELGPU_PROMETHEUS_HOST, "OTEL_EXPORTER_PROMETHEUS_HOST", _str,
             "a host name or address", "Bind address of the Prometheus pull endpoint."),
     Setting("prometheus_port", ev.OTELGPU_PROMETHEUS_PORT, "OTEL_EXPORTER_PROMETHEUS_PORT",
@@ -305,6 +353,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("frameworks", ev.OTELGPU_FRAMEWORKS, None, _frameworks,
             "a comma list of torch, vllm, or none",
             "Framework instrumentors instrument() turns on when the framework is installed."),
+    Setting("attribute_value_length_limit", ev.OTELGPU_ATTRIBUTE_VALUE_LENGTH_LIMIT,
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", _int_range(16, 1 << 24),
+            "an integer in [16, 16777216] (characters)",
+            "Longest string attribute value on spans and metrics; longer ones are truncated."),
 )  # fmt: skip
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -315,7 +367,28 @@ def _parse(setting: Setting, label: str, raw: object) -> Any:
     try:
         return setting.parse(raw)
     except (ValueError, TypeError, OverflowError):
-        raise ConfigurationError(label, raw, setting.accepted) from None
+        shown = redact_key_values(raw) if setting.secret else raw
+        raise ConfigurationError(label, shown, setting.accepted) from None
+
+
+def _lenient_otel_bool(setting: Setting, var: str, raw: str) -> bool | None:
+    """An ``OTEL_*`` boolean as the OpenTelemetry specification reads it.
+
+    The spec: ``true``/``false`` (any case) are valid; anything else is logged as a warning
+    and the default is used. (otelgpu also keeps reading 1/0, yes/no, on/off as it always
+    did; ``OTELGPU_*`` variables keep otelgpu's rule: a bad value fails fast.)
+    """
+    value = raw.strip().lower()
+    if value in _TRUE + _FALSE:
+        return value in _TRUE
+    _log.warning(
+        "otelgpu: ignoring %s=%r (expected true or false, as the OpenTelemetry specification "
+        "requires); using the default for %s",
+        var,
+        raw[:64],
+        setting.name,
+    )
+    return None
 
 
 def resolve(overrides: Mapping[str, object] | None = None,
@@ -339,6 +412,12 @@ def resolve(overrides: Mapping[str, object] | None = None,
             continue
         for var in (setting.env, setting.otel_env):
             if var and env.get(var, "").strip():
+                if var == setting.otel_env and setting.parse is _bool:
+                    lenient = _lenient_otel_bool(setting, var, env[var])
+                    if lenient is None:
+                        break
+                    values[setting.name] = lenient
+                    break
                 values[setting.name] = _parse(setting, var, env[var])
                 break
     if "exporters" not in values:
@@ -351,4 +430,14 @@ def resolve(overrides: Mapping[str, object] | None = None,
 
 def describe(settings: Settings) -> list[tuple[str, str, str]]:
     """(name, value, variable) rows for ``otelgpu doctor``."""
-    return [(s.name, repr(getattr(settings, s.name)), s.env) for s in SETTINGS]
+    rows = []
+    for s in SETTINGS:
+        value = getattr(settings, s.name)
+        if s.secret and value is not None:
+            shown = repr({str(k): REDACTED for k in value})
+        elif s.name == "otlp_endpoint" and value is not None:
+            shown = repr(redact_url(value))
+        else:
+            shown = repr(value)
+        rows.append((s.name, shown, s.env))
+    return rows

@@ -78,6 +78,16 @@ OTELGPU_RECORDING_MAX_BYTES = "OTELGPU_RECORDING_MAX_BYTES"
 OTELGPU_RECORDING_BACKUPS = "OTELGPU_RECORDING_BACKUPS"
 """Rotated recording files kept besides the current one (default 3)."""
 
+OTELGPU_RECORDING_DIR_MAX_BYTES = "OTELGPU_RECORDING_DIR_MAX_BYTES"
+"""Total bytes of recordings kept in one recording directory (default 1 GiB): when a process
+starts a recording file or rotates one, the oldest recording files there are removed until
+the total fits."""
+
+OTELGPU_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTELGPU_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+"""Longest string attribute value, in characters, on spans and metric series (default 4096;
+falls back to ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``). Longer values are truncated, so one
+huge value (a 10 MB model name) can never make a whole export batch too large to send."""
+
 OTELGPU_PROMETHEUS_HOST = "OTELGPU_PROMETHEUS_HOST"
 """Address of the Prometheus pull endpoint (falls back to ``OTEL_EXPORTER_PROMETHEUS_HOST``;
 default ``127.0.0.1``: never all interfaces unless asked)."""

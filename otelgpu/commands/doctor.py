@@ -101,8 +101,11 @@ def report(out: TextIO) -> int:
             "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"
         )
         ok = _reachable(endpoint)
+        if settings.otlp_headers:
+            names = ", ".join(sorted(settings.otlp_headers))
+            print(f"  OTLP headers: {names} (values hidden)", file=out)
         print(
-            f"  OTLP {settings.otlp_protocol} {endpoint}: "
+            f"  OTLP {settings.otlp_protocol} {_settings.redact_url(endpoint)}: "
             + ("accepts connections" if ok else "NOT reachable (telemetry will be dropped)"),
             file=out,
         )

@@ -47,8 +47,10 @@ def _label(attrs: dict[str, Any]) -> str:
 
 def summarise(paths: list[str], out: TextIO) -> int:
     """Print the summary of the recordings ``paths``; returns the number of messages read."""
-    from otelgpu.otel.recording import read_recording
+    from otelgpu.otel.recording_reader import ReadStats, read_recording
     from otelgpu.sketch import QuantileSketch
+
+    stats = ReadStats()
 
     histograms: dict[tuple[str, str], tuple[str, Any]] = {}  # (metric, series) -> (unit, point)
     sums: dict[tuple[str, str], tuple[str, float]] = {}
@@ -57,7 +59,7 @@ def summarise(paths: list[str], out: TextIO) -> int:
     resources: set[tuple[tuple[str, Any], ...]] = set()
     messages = 0
     for path in paths:
-        for message in read_recording(path):
+        for message in read_recording(path, stats=stats):
             messages += 1
             for rs in getattr(message, "resource_spans", ()):
                 for ss in rs.scope_spans:
@@ -88,6 +90,10 @@ def summarise(paths: list[str], out: TextIO) -> int:
                                 key = (metric.name, _label(_attrs(dp.attributes)))
                                 sums[key] = (metric.unit, value)
     print(f"{messages} export requests from {len(resources)} process(es)", file=out)
+    if stats.skipped_lines:
+        print(f"({stats.skipped_lines} unreadable line(s) skipped)", file=out)
+    for reason in stats.abandoned or ():
+        print(f"otelgpu report: {reason}", file=sys.stderr)
     print("\n== distributions (from the exported sketches) ==", file=out)
     for (name, series), (unit, dp) in sorted(histograms.items()):
         try:
@@ -117,7 +123,7 @@ def summarise(paths: list[str], out: TextIO) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         messages = summarise(list(args.files), sys.stdout)
-    except OSError as exc:
+    except (OSError, CorruptDataError) as exc:
         print(f"otelgpu report: {exc}", file=sys.stderr)
         return 1
     return 0 if messages else 1

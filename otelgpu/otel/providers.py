@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import socket
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -40,7 +40,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace import sampling as samplers
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
@@ -51,6 +51,7 @@ from otelgpu.otel.recording import (
     RecordingFile,
     RecordingMetricExporter,
     RecordingSpanExporter,
+    recording_directory,
 )
 from otelgpu.otel.stats import InternalStats
 
@@ -121,15 +122,10 @@ def recording_path(settings: Settings, resource: Resource) -> Path:
     raw = str(resource.attributes.get("service.name", "otelgpu"))
     service = re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("_") or "otelgpu"
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    name = f"{service}-{socket.gethostname()}-{os.getpid()}-{stamp}.otlp.jsonl"
-    directory = Path(settings.recording_dir).expanduser()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        if not os.access(directory, os.W_OK):
-            raise PermissionError(directory)
-    except OSError:
-        directory = Path(tempfile.gettempdir()) / "otelgpu-recordings"
-        directory.mkdir(parents=True, exist_ok=True)
+    # a random part: a name nobody can guess (and plant a file or link at) in advance
+    token = secrets.token_hex(4)
+    name = f"{service}-{socket.gethostname()}-{os.getpid()}-{stamp}-{token}.otlp.jsonl"
+    directory = recording_directory(Path(settings.recording_dir).expanduser())
     return (directory / name).resolve()
 
 
@@ -252,6 +248,7 @@ def build_pipeline(
                 recording_path(settings, resource),
                 max_bytes=settings.recording_max_bytes,
                 backups=settings.recording_backups,
+                dir_max_bytes=settings.recording_dir_max_bytes,
             )
             built.append(recording)
         temporality = ex.preferred_temporality()
@@ -262,7 +259,13 @@ def build_pipeline(
             owns_tp = False
         else:
             sdk_tp = TracerProvider(
-                resource=resource, sampler=make_sampler(settings), shutdown_on_exit=False
+                resource=resource,
+                sampler=make_sampler(settings),
+                shutdown_on_exit=False,
+                span_limits=SpanLimits(
+                    max_attribute_length=settings.attribute_value_length_limit,
+                    max_span_attribute_length=settings.attribute_value_length_limit,
+                ),
             )
             built.append(sdk_tp)
             for exporter in _span_exporters(settings, recording):

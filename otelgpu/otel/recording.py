@@ -10,13 +10,23 @@ protobuf's ``json_format``; nothing is encoded by hand.
 The file is size-bounded: when a line would take it past ``max_bytes`` it is rotated to
 ``<path>.1`` (``.1`` → ``.2`` …, keeping ``backups`` old files). Writers share one
 :class:`RecordingFile` (thread-safe, one lock per line).
+
+Recordings carry model names, host names and request ids, so they are private: files are
+created owner-only (0600) with ``O_EXCL | O_NOFOLLOW`` (a planted symlink or file is never
+followed or appended to), a directory otelgpu creates is 0700, and the fallback in the shared
+temporary directory is a per-user directory whose owner and mode are checked. Every process
+adds files, so a directory holds at most ``dir_max_bytes`` of recordings: the oldest are
+removed when a file is started or rotated.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
+import stat
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,16 +36,122 @@ from google.protobuf import json_format  # type: ignore[import-untyped]
 from google.protobuf.message import Message  # type: ignore[import-untyped]
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
+_log = logging.getLogger("otelgpu")
+
+#: Names of recording files (current and rotated) that the directory cap counts.
+RECORDING_GLOB = "*.otlp.jsonl*"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _uid() -> int:
+    return os.getuid() if hasattr(os, "getuid") else -1
+
+
+def _owned_private_dir(path: Path) -> bool:
+    """Whether ``path`` is a real directory (not a symlink) owned by this user; make it 0700."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != _uid():
+        return False
+    if st.st_mode & 0o077:
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            return False
+    return True
+
+
+def private_temp_directory() -> Path:
+    """This user's recording directory under the shared temporary directory (mode 0700).
+
+    ``<tmp>/otelgpu-recordings-<uid>``; if that name is taken by anything but this user's
+    own directory (another user's, a symlink, a file), a fresh ``mkdtemp`` directory.
+    """
+    base = Path(tempfile.gettempdir()) / f"otelgpu-recordings-{_uid()}"
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="otelgpu-recordings-"))
+    if _owned_private_dir(base):
+        return base
+    _log.warning(
+        "otelgpu: %s is not a private directory of this user; recording into a new one", base
+    )
+    return Path(tempfile.mkdtemp(prefix=f"otelgpu-recordings-{_uid()}-"))
+
+
+def recording_directory(configured: Path) -> Path:
+    """``configured`` if it exists or can be made (new directories 0700) and is writable,
+    else :func:`private_temp_directory`."""
+    try:
+        configured.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not os.access(configured, os.W_OK):
+            raise PermissionError(configured)
+    except OSError:
+        return private_temp_directory()
+    return configured
+
+
+def open_private(path: Path) -> Any:
+    """Open ``path`` for appending, owner-only, never through a symlink.
+
+    A new file is created exclusively with mode 0600. An existing one is appended to only
+    if it is a regular file of this user with no other hard link (else ``PermissionError``),
+    and is made 0600.
+    """
+    base = os.O_WRONLY | os.O_APPEND | _NOFOLLOW | _CLOEXEC
+    try:
+        fd = os.open(path, base | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        fd = os.open(path, base)  # O_NOFOLLOW: a symlink raises OSError (ELOOP)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != _uid() or st.st_nlink != 1:
+            os.close(fd)
+            raise PermissionError(f"{path} is not a private regular file of this user") from None
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def prune_directory(directory: Path, max_bytes: int, keep: Path) -> int:
+    """Remove the oldest recording files in ``directory`` until they total ``<= max_bytes``.
+
+    Only regular files of this user named like recordings count; ``keep`` (the file being
+    written) is never removed. Returns the number of files removed. Never raises.
+    """
+    files = []
+    try:
+        for entry in os.scandir(directory):
+            if not Path(entry.name).match(RECORDING_GLOB) or entry.path == str(keep):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == _uid():
+                files.append((st.st_mtime, st.st_size, entry.path))
+        total = sum(size for _, size, _ in files)
+        total += os.lstat(keep).st_size if os.path.lexists(keep) else 0
+    except OSError:
+        return 0
+    removed = 0
+    for _, size, name in sorted(files):
+        if total <= max_bytes:
+            break
+        try:
+            os.unlink(name)
+        except OSError:
+            continue
+        total -= size
+        removed += 1
+    return removed
 
 
 def _ids_to_hex(node: Any) -> Any:
@@ -54,21 +170,6 @@ def _ids_to_hex(node: Any) -> Any:
     return node
 
 
-def _ids_to_base64(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {
-            k: (
-                base64.b64encode(bytes.fromhex(v)).decode()
-                if k in _ID_KEYS and isinstance(v, str)
-                else _ids_to_base64(v)
-            )
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_ids_to_base64(v) for v in node]
-    return node
-
-
 def to_json_line(message: Message) -> str:
     """One OTLP/JSON line (no trailing newline) for an Export*ServiceRequest."""
     as_dict = json_format.MessageToDict(message, use_integers_for_enums=True)
@@ -78,27 +179,12 @@ def to_json_line(message: Message) -> str:
 def read_recording(path: str | os.PathLike[str]) -> Iterator[Message]:
     """Yield the Export*ServiceRequest messages of one recording file, in order.
 
-    Lines that are not valid OTLP/JSON (e.g. a line cut short by a crash) are skipped.
+    Unreadable lines are skipped; see :mod:`otelgpu.otel.recording_reader`, which does the
+    reading (bounded, defensive) and can also count what it skipped.
     """
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                data = _ids_to_base64(json.loads(line))
-            except (ValueError, TypeError):
-                continue
-            message: Message
-            if "resourceSpans" in data:
-                message = ExportTraceServiceRequest()
-            elif "resourceMetrics" in data:
-                message = ExportMetricsServiceRequest()
-            elif "resourceLogs" in data:
-                message = ExportLogsServiceRequest()
-            else:
-                continue
-            try:
-                yield json_format.ParseDict(data, message)
-            except json_format.ParseError:
-                continue
+    from otelgpu.otel.recording_reader import read_recording as read
+
+    return read(path)
 
 
 class RecordingFile:
@@ -111,17 +197,24 @@ class RecordingFile:
     tries to open it again.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int, backups: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_bytes: int,
+        backups: int,
+        dir_max_bytes: int | None = None,
+    ) -> None:
         self.path = Path(path)
         self._max_bytes = max_bytes
         self._backups = backups
+        self._dir_max_bytes = dir_max_bytes
         self._lock = threading.Lock()
         self._closed = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived
-        self._size = self._file.tell()
         self.lines_written = 0
         self.rotations = 0
+        self.pruned = 0
+        self._open()
 
     def write_line(self, line: str) -> None:
         data = line + "\n"
@@ -139,9 +232,13 @@ class RecordingFile:
             self.lines_written += 1
 
     def _open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._file = open_private(self.path)
         self._size = self._file.tell()
+        if self._dir_max_bytes is not None:
+            # room for this file to grow to its rotation size before the next check
+            budget = max(self._dir_max_bytes - self._max_bytes, 0)
+            self.pruned += prune_directory(self.path.parent, budget, self.path)
 
     def _rotate(self) -> None:
         self._file.close()

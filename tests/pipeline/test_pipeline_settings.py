@@ -64,7 +64,7 @@ def test_pipeline_exporters_parse(raw: object, expected: tuple[str, ...]) -> Non
         ({"sketch_relative_accuracy": 0.7}, {}, "sketch_relative_accuracy"),
         ({"quantiles": "0.5,1.5"}, {}, "quantiles"),
         ({"gpu": "maybe"}, {}, "gpu"),
-        ({}, {"OTEL_SDK_DISABLED": "perhaps"}, "OTEL_SDK_DISABLED"),
+        ({}, {"OTELGPU_DISABLED": "perhaps"}, "OTELGPU_DISABLED"),
         ({"prometheus_port": 70000}, {}, "prometheus_port"),
         ({"traces_sampler": "sometimes"}, {}, "traces_sampler"),
         ({"traces_sampler_arg": 2}, {}, "traces_sampler_arg"),

@@ -145,7 +145,7 @@ def _register_gpu_metrics(runtime: Runtime) -> None:
         _logger.info("otelgpu: GPU metrics unavailable (%s)", exc)
         return
     try:
-        register_gpu_metrics(runtime.meter, runtime.sampler)
+        register_gpu_metrics(runtime, runtime.sampler)
     except Exception as exc:  # noqa: BLE001
         runtime.report_error("register_gpu_metrics", exc)
 

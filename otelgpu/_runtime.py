@@ -5,8 +5,8 @@ Contract (ARCHITECTURE.md, "Runtime"): :func:`current` returns the active
 has ``tracer``, ``meter``, ``sampler`` (a started ``GpuSampler`` or ``None`` when no GPU
 or NVML is available), ``settings``, and:
 
-* :meth:`Runtime.sketch_histogram` -- a sketch-backed histogram exported as an OTLP
-  exponential histogram plus ``<name>.quantile`` gauges;
+* :meth:`Runtime.instrument` -- the instrument of a catalog ``MetricSpec`` (sketch-backed
+  histograms are exported as OTLP exponential histograms plus ``<name>.quantile`` gauges);
 * :meth:`Runtime.gpu_attributes` / :meth:`Runtime.gpu_events` -- GPU context of a window;
 * :meth:`Runtime.record_step` / :meth:`Runtime.record_request` -- a finished step or
   request: span (with GPU context and health events) and metrics, in one call;
@@ -31,7 +31,10 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from otelgpu._settings import Settings
-from otelgpu.otel import gpu_context, names
+from otelgpu.metrics import catalog
+from otelgpu.metrics.instruments import Callback, Instruments
+from otelgpu.metrics.spec import MetricSpec
+from otelgpu.otel import gpu_context
 from otelgpu.otel.counters import LocalCounter
 from otelgpu.otel.sketches import SketchHistogram, SketchRegistry, freeze
 from otelgpu.otel.stats import InternalStats
@@ -197,66 +200,42 @@ class Runtime:
         self._health_cursor_ns = time.time_ns()
         self._label_cache: dict[tuple[Any, ...], _RequestLabels] = {}
 
-        m = self.meter
-        self.step_duration = self._sketch(names.TRAIN_STEP_DURATION)
-        self.request_duration = self._sketch(names.REQUEST_DURATION)
-        self.ttft = self._sketch(names.TIME_TO_FIRST_TOKEN)
-        self.tpot = self._sketch(names.TIME_PER_OUTPUT_TOKEN)
-        self.queue_duration = self._sketch(names.QUEUE_DURATION)
-        counters = {
-            metric.name: LocalCounter(
-                m,
-                metric.name,
-                metric.unit,
-                metric.description,
-                max_series=settings.max_series,
-                stats=self.stats,
-            )
-            for metric in names.ALL
-            if metric.kind == "counter"
-        }
-        self._steps = counters[names.TRAIN_STEPS.name]
-        self._samples = counters[names.TRAIN_SAMPLES.name]
-        self._tokens = counters[names.TRAIN_TOKENS.name]
-        self._requests = counters[names.REQUESTS.name]
-        self._out_tokens = counters[names.OUTPUT_TOKENS.name]
-        if sampler is not None:
-            m.create_observable_counter(
-                names.GPU_HEALTH_EVENTS.name,
-                callbacks=[self._observe_health],
-                unit=names.GPU_HEALTH_EVENTS.unit,
-                description=names.GPU_HEALTH_EVENTS.description,
-            )
         im = (internal_meter_provider or meter_provider).get_meter("otelgpu", __version__)
-        im.create_observable_counter(
-            names.INTERNAL_ERRORS.name,
-            callbacks=[self._observe_errors],
-            unit=names.INTERNAL_ERRORS.unit,
-            description=names.INTERNAL_ERRORS.description,
+        self.instruments = Instruments(
+            self.meter,
+            internal_meter=im,
+            sketches=self.sketches,
+            max_series=settings.max_series,
+            stats=self.stats,
         )
+        instrument = self.instrument
+        self.step_duration = instrument(catalog.TRAIN_STEP_DURATION)
+        self.request_duration = instrument(catalog.REQUEST_DURATION)
+        self.ttft = instrument(catalog.TIME_TO_FIRST_TOKEN)
+        self.tpot = instrument(catalog.TIME_PER_OUTPUT_TOKEN)
+        self.queue_duration = instrument(catalog.QUEUE_DURATION)
+        self._steps = instrument(catalog.TRAIN_STEPS)
+        self._samples = instrument(catalog.TRAIN_SAMPLES)
+        self._tokens = instrument(catalog.TRAIN_TOKENS)
+        self._requests = instrument(catalog.REQUESTS)
+        self._out_tokens = instrument(catalog.OUTPUT_TOKENS)
+        if sampler is not None:
+            instrument(catalog.GPU_HEALTH_EVENTS, self._observe_health)
+        instrument(catalog.INTERNAL_ERRORS, self._observe_errors)
         # Also what makes the private sketch provider (attached mode) export at all: a
         # collection with no metric is not exported, so the histograms need a companion.
-        im.create_observable_gauge(
-            names.INTERNAL_SKETCH_SERIES.name,
-            callbacks=[self._observe_series],
-            unit=names.INTERNAL_SKETCH_SERIES.unit,
-            description=names.INTERNAL_SKETCH_SERIES.description,
-        )
-        im.create_observable_counter(
-            names.INTERNAL_DROPPED.name,
-            callbacks=[self._observe_dropped],
-            unit=names.INTERNAL_DROPPED.unit,
-            description=names.INTERNAL_DROPPED.description,
-        )
+        instrument(catalog.INTERNAL_SKETCH_SERIES, self._observe_series)
+        instrument(catalog.INTERNAL_DROPPED, self._observe_dropped)
 
-    def _sketch(self, metric: names.MetricName) -> SketchHistogram:
-        return self.sketch_histogram(metric.name, metric.unit, metric.description)
+    def instrument(self, spec: MetricSpec, callback: Callback | None = None) -> Any:
+        """The instrument of ``spec`` (created once per runtime; see ``otelgpu.metrics``).
+
+        A sketch spec gives a ``SketchHistogram``, a counter a ``LocalCounter``, an
+        observable kind an ``Observable`` that ``callback`` (if given) now feeds.
+        """
+        return self.instruments.instrument(spec, callback)
 
     # ------------------------------------------------------------------ contract
-    def sketch_histogram(self, name: str, unit: str, description: str = "") -> SketchHistogram:
-        """A sketch-backed histogram (same object for the same name)."""
-        return self.sketches.get(name, unit, description)
-
     def report_error(self, where: str, exc: BaseException | None = None) -> None:
         """Log the first error at ``where``; count all in ``otelgpu.internal.errors``."""
         self.stats.report_error(where, exc)
@@ -399,7 +378,7 @@ class Runtime:
             samples = fields.pop("samples", None)
             tokens = fields.pop("tokens", None)
             attributes = fields.pop("attributes", None)
-            name = fields.pop("name", None) or names.STEP_SPAN
+            name = fields.pop("name", None) or catalog.STEP_SPAN
             context = fields.pop("context", None)
             devices = fields.pop("devices", None)
             extra = _extra_attributes("otelgpu.train", fields)

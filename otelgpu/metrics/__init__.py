@@ -1,11 +1,23 @@
-"""Metric definitions (``_names``) and the GPU observable instruments (``gpu``).
+"""Metric definitions and the GPU observable instruments.
 
-``otelgpu.metrics.gpu.register_gpu_metrics(meter, sampler)`` creates the ``hw.*``
-and ``otelgpu.gpu.*`` instruments; every metric is documented in ``docs/metrics.md``.
+``spec`` (the :class:`MetricSpec` record), ``catalog`` (every metric of otelgpu),
+``instruments`` (creates instruments from specs, once each; ``Runtime.instrument``) and
+``gpu`` (``register_gpu_metrics(runtime, sampler)`` feeds the ``hw.*`` and
+``otelgpu.gpu.*`` instruments). Every metric is documented in ``docs/metrics*.md``.
 """
 
 from __future__ import annotations
 
-from otelgpu.metrics._names import BY_NAME, GPU_METRICS, SAMPLER_METRICS, MetricSpec
+from otelgpu.metrics.catalog import ALL, BY_NAME, GPU_METRICS, SAMPLER_METRICS
+from otelgpu.metrics.spec import Area, Kind, MetricSpec, Status
 
-__all__ = ["BY_NAME", "GPU_METRICS", "SAMPLER_METRICS", "MetricSpec"]
+__all__ = [
+    "ALL",
+    "BY_NAME",
+    "GPU_METRICS",
+    "SAMPLER_METRICS",
+    "Area",
+    "Kind",
+    "MetricSpec",
+    "Status",
+]

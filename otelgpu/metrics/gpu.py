@@ -1,9 +1,10 @@
 """GPU metrics as OpenTelemetry observable instruments fed from a ``GpuSampler``.
 
-``register_gpu_metrics(meter, sampler)`` creates one observable instrument per row of
-``otelgpu.metrics._names`` (names, units and attributes are documented in
-``docs/metrics.md``). Callbacks run at collection time on the exporter's thread and
-only read the sampler's ring buffers (a few µs per device); they never call NVML.
+``register_gpu_metrics(runtime, sampler)`` feeds one observable instrument per GPU row of
+``otelgpu.metrics.catalog`` (created through ``Runtime.instrument``; names, units and
+attributes are documented in ``docs/metrics.md``). Callbacks run at collection time on
+the exporter's thread and only read the sampler's ring buffers (a few µs per device);
+they never call NVML.
 
 * Gauges report the newest sample. Devices that are lost report only ``hw.status``
   (failed); a reading the device does not support produces no point at all.
@@ -23,11 +24,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from otelgpu.metrics import _names as N
+from otelgpu.metrics import catalog as N
+from otelgpu.metrics.instruments import Instruments
+from otelgpu.metrics.spec import MetricSpec
 from otelgpu.sampler import BaseGpuSampler, GpuSample
 from otelgpu.sampler import _fields as F
 
@@ -42,7 +45,7 @@ Callback = Callable[[CallbackOptions], Iterable[Observation]]
 class GpuMetricsHandle:
     """The instruments created by :func:`register_gpu_metrics`; ``unregister()`` stops them."""
 
-    def __init__(self, meter: Meter, sampler: BaseGpuSampler) -> None:
+    def __init__(self, instruments: _Instrumenting, sampler: BaseGpuSampler) -> None:
         self._sampler = sampler
         self._enabled = True
         self._lock = threading.Lock()
@@ -78,8 +81,11 @@ class GpuMetricsHandle:
             N.SAMPLER_DROPPED.name: self._dropped,
         }
         self.instruments: dict[str, Any] = {}
+        self._callbacks: dict[str, Callback] = {}
         for spec in (*N.GPU_METRICS, *N.SAMPLER_METRICS):
-            self.instruments[spec.name] = _create(meter, spec, self._guard(spec.name, callbacks))
+            callback = self._guard(spec.name, callbacks)
+            self._callbacks[spec.name] = callback
+            self.instruments[spec.name] = instruments.instrument(spec, callback)
 
     @property
     def enabled(self) -> bool:
@@ -89,6 +95,8 @@ class GpuMetricsHandle:
     def unregister(self) -> None:
         """Stop reporting (idempotent). The instruments stay in the meter, silent."""
         self._enabled = False
+        for name, callback in self._callbacks.items():
+            self.instruments[name].remove(callback)
 
     close = unregister
 
@@ -255,22 +263,22 @@ class GpuMetricsHandle:
         yield Observation(self._sampler.dropped)
 
 
-def _create(meter: Meter, spec: N.MetricSpec, callback: Callback) -> Any:
-    factory = {
-        "gauge": meter.create_observable_gauge,
-        "counter": meter.create_observable_counter,
-        "updowncounter": meter.create_observable_up_down_counter,
-    }[spec.instrument]
-    return factory(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
+class _Instrumenting(Protocol):
+    def instrument(self, spec: MetricSpec, callback: Callback | None = None) -> Any: ...
 
 
-def register_gpu_metrics(meter: Meter, sampler: BaseGpuSampler) -> GpuMetricsHandle:
-    """Create the GPU observable instruments over ``sampler`` (see ``docs/metrics.md``).
+def register_gpu_metrics(
+    target: _Instrumenting | Meter, sampler: BaseGpuSampler
+) -> GpuMetricsHandle:
+    """Feed the GPU observable instruments from ``sampler`` (see ``docs/metrics.md``).
 
-    Returns a handle whose ``unregister()``/``close()`` silences them. Never raises
-    for sampler problems: a sampler without devices yields only the sampler metrics.
+    ``target`` is the runtime (``Runtime.instrument`` creates the instruments) or, for a
+    sampler used without ``instrument()``, a plain OpenTelemetry meter. Returns a handle
+    whose ``unregister()``/``close()`` silences them. Never raises for sampler problems:
+    a sampler without devices yields only the sampler metrics.
     """
-    return GpuMetricsHandle(meter, sampler)
+    instruments = Instruments(target) if isinstance(target, Meter) else target
+    return GpuMetricsHandle(instruments, sampler)
 
 
 __all__ = ["GpuMetricsHandle", "register_gpu_metrics"]

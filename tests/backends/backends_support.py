@@ -220,31 +220,20 @@ def otelgpu_metric_tables() -> list[tuple[str, str, str]]:
     """(OpenTelemetry name, kind, unit) of every metric otelgpu exports.
 
     Kinds: ``counter``, ``updowncounter``, ``gauge`` (observable or not), ``sketch``
-    (exported as an exponential histogram plus a ``<name>.quantile`` gauge). Sources:
-    ``otelgpu.metrics._names`` (GPU), ``otelgpu.otel.names`` (steps, requests, internals),
-    and the torch and vLLM instrumentations' tables.
+    (exported as an exponential histogram plus a ``<name>.quantile`` gauge), read from
+    ``otelgpu.metrics.catalog`` (every metric of otelgpu).
     """
-    from otelgpu.metrics import _names as gpu_names
-    from otelgpu.otel import names as runtime_names
+    from otelgpu.metrics import catalog
+    from otelgpu.metrics.spec import Kind
 
-    out: list[tuple[str, str, str]] = []
-    for spec in gpu_names.BY_NAME.values():
-        out.append((spec.name, spec.instrument, spec.unit))
-    for metric in runtime_names.ALL:
-        kind = {"observable_counter": "counter", "observable_gauge": "gauge"}.get(
-            metric.kind, metric.kind
-        )
-        out.append((metric.name, kind, metric.unit))
-    from otelgpu.instrumentation.torch import _names as torch_names
-
-    for metric in torch_names.TORCH_METRICS:
-        out.append((metric.name, metric.kind, metric.unit))
-    from otelgpu.instrumentation.vllm import _names as vllm_names
-
-    for metric in vllm_names.ALL:
-        kind = "sketch" if metric.kind == "histogram" else metric.kind
-        out.append((metric.name, kind, metric.unit))
-    return out
+    kinds = {
+        Kind.SKETCH: "sketch",
+        Kind.COUNTER: "counter",
+        Kind.OBSERVABLE_COUNTER: "counter",
+        Kind.OBSERVABLE_UP_DOWN_COUNTER: "updowncounter",
+        Kind.OBSERVABLE_GAUGE: "gauge",
+    }
+    return [(m.name, kinds[m.kind], m.unit) for m in catalog.ALL]
 
 
 def exposition_names(tables: Iterable[tuple[str, str, str]]) -> dict[str, str]:

@@ -163,8 +163,9 @@ def test_backends_docs_promql_examples_parse(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # The histograms they query are otelgpu's sketch metrics (OTLP-translated names).
-    from otelgpu.otel import names
+    from otelgpu.metrics import catalog
+    from otelgpu.metrics.spec import Kind
 
-    sketches = {m.name.replace(".", "_") + "_seconds" for m in names.ALL if m.kind == "sketch"}
+    sketches = {m.name.replace(".", "_") + "_seconds" for m in catalog.ALL if m.kind is Kind.SKETCH}
     used = {n for e in expressions for n in re.findall(r"\b([a-z_]+_seconds)\b", e)}
     assert used and used <= sketches

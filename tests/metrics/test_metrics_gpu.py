@@ -3,19 +3,19 @@ units, attributes and values against the simulator; the docs table matches the c
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.catalog_docs import assert_docs_match_catalog
 from fixtures.sim import SMALL_SCENARIO
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otelgpu import sim
-from otelgpu.metrics import _names as N
+from otelgpu.metrics import catalog as N
 from otelgpu.metrics.gpu import register_gpu_metrics
 from otelgpu.sampler import BaseGpuSampler
 
@@ -211,14 +211,5 @@ def test_no_devices_yields_only_the_sampler_metrics(
 
 
 def test_docs_table_matches_the_code() -> None:
-    text = DOCS.read_text(encoding="utf-8")
-    assert "## GPU metrics" in text
-    kinds = {
-        "ObservableGauge": "gauge",
-        "ObservableCounter": "counter",
-        "ObservableUpDownCounter": "updowncounter",
-    }
-    rows = re.findall(r"^\| `([a-z][\w.]+)` \| (Observable\w+) \| `([^`]+)` \|", text, re.M)
-    documented = {name: (kinds[kind], unit) for name, kind, unit in rows}
-    in_code = {m.name: (m.instrument, m.unit) for m in (*N.GPU_METRICS, *N.SAMPLER_METRICS)}
-    assert documented == in_code
+    assert "## GPU metrics" in DOCS.read_text(encoding="utf-8")
+    assert_docs_match_catalog("gpu")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fixtures.otel import sketch_spec
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -18,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 import otelgpu
 from otelgpu import _runtime
-from otelgpu.otel import names
+from otelgpu.metrics import catalog as names
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
@@ -142,8 +143,8 @@ def test_pipeline_record_step_contract(app: App) -> None:
     assert finished.attributes["otelgpu.train.samples_per_second"] == pytest.approx(1280.0)
     assert finished.attributes["otelgpu.train.data_wait_s"] == 0.01
     assert finished.attributes["custom.key"] == "v"
-    hist = runtime.sketch_histogram("otelgpu.torch.dataloader.wait", "s", "x")
-    assert runtime.sketch_histogram("otelgpu.torch.dataloader.wait", "s", "x") is hist
+    hist = runtime.instrument(sketch_spec("otelgpu.torch.dataloader.wait", "s", "x"))
+    assert runtime.instrument(sketch_spec("otelgpu.torch.dataloader.wait", "s", "x")) is hist
     hist.record(0.5, {"rank": 0})
     assert hist.merged().count == 1
 
@@ -214,7 +215,7 @@ def test_pipeline_broken_sampler_never_raises(app: App) -> None:
 
 
 def test_pipeline_quantile_gauges_on_app_meter(app: App) -> None:
-    hist = _runtime_now().sketch_histogram("otelgpu.test.q", "s", "q")
+    hist = _runtime_now().instrument(sketch_spec("otelgpu.test.q", "s", "q"))
     for v in range(1, 1001):
         hist.record(v / 1000)
     data = app.reader.get_metrics_data()
@@ -233,7 +234,7 @@ def test_pipeline_quantile_gauges_on_app_meter(app: App) -> None:
 
 def test_pipeline_series_cap_folds_into_overflow(reset_otel_globals: None) -> None:
     otelgpu.instrument(exporters="none", gpu=False, max_series=3)
-    hist = _runtime_now().sketch_histogram("otelgpu.test.cap", "s", "")
+    hist = _runtime_now().instrument(sketch_spec("otelgpu.test.cap", "s", ""))
     for i in range(10):
         hist.record(1.0, {"id": i})
     series = {frozenset(a.items()): s.count for a, s in hist.series()}

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otelgpu
 from otelgpu import _runtime
-from otelgpu.otel import names
+from otelgpu.metrics import catalog as names
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 ROOT = Path(__file__).resolve().parents[2]

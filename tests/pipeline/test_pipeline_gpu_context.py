@@ -23,7 +23,7 @@ from fixtures.otlp_receiver import (
     attributes,
 )
 
-from otelgpu.otel import names
+from otelgpu.metrics import catalog as names
 
 SCENARIO = "healthy-8xh100"
 ROOT = Path(__file__).resolve().parents[2]

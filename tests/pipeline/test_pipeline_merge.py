@@ -26,7 +26,9 @@ PROGRAM = """
     rank, RANKS = int(sys.argv[1]), int(sys.argv[2])
     otelgpu.instrument(gpu=False, frameworks="none", metric_export_interval_ms=3_600_000,
                        resource_attributes={"rank": str(rank)})
-    hist = _runtime.current().sketch_histogram("otelgpu.test.step", "s", "merge test")
+    from otelgpu.metrics.spec import Area, Kind, MetricSpec
+    spec = MetricSpec("otelgpu.test.step", Kind.SKETCH, "s", "merge test", Area.RUNTIME)
+    hist = _runtime.current().instrument(spec)
     values = [random.Random(11).lognormvariate(-3.5, 0.8) for _ in range(3000)]
     for v in values[rank::RANKS]:
         hist.record(v)

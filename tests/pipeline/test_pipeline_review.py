@@ -33,7 +33,7 @@ from otelgpu import _api as otelgpu_api
 from otelgpu import _runtime
 from otelgpu._settings import resolve
 from otelgpu.errors import ConfigurationError
-from otelgpu.otel import names
+from otelgpu.metrics import catalog as names
 from otelgpu.otel.counters import LocalCounter
 from otelgpu.otel.exporters import GuardedMetricExporter, preferred_temporality
 from otelgpu.otel.processor import BoundedBatchSpanProcessor
@@ -420,7 +420,8 @@ def test_pipeline_fork_while_another_thread_holds_telemetry_locks(tmp_path: Path
         from otelgpu import _api as api, _runtime
         h = otelgpu.instrument(recording_dir={str(tmp_path)!r}, gpu=False)
         rt = _runtime.current()
-        hist = rt.sketch_histogram("review.hist", "s")
+        from otelgpu.metrics.spec import Area, Kind, MetricSpec
+        hist = rt.instrument(MetricSpec("review.hist", Kind.SKETCH, "s", "", Area.RUNTIME))
         hist.record(1.0, {{"a": "b"}})
         held, release = threading.Event(), threading.Event()
 

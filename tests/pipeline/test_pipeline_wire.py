@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import pytest
+from fixtures.otel import sketch_spec
 from fixtures.otlp_receiver import (
     OtlpReceiver,
     attributes,
@@ -18,7 +19,7 @@ from fixtures.otlp_receiver import (
 
 import otelgpu
 from otelgpu import _runtime
-from otelgpu.otel import names
+from otelgpu.metrics import catalog as names
 from otelgpu.sketch import QuantileSketch
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
@@ -39,7 +40,7 @@ def _exercise() -> None:
         r.error("timeout")
     runtime = _runtime.current()
     assert runtime is not None
-    hist = runtime.sketch_histogram("otelgpu.test.latency", "s", "test values")
+    hist = runtime.instrument(sketch_spec("otelgpu.test.latency", "s", "test values"))
     for v in VALUES:
         hist.record(v, {"route": "a"})
 

@@ -14,6 +14,7 @@ from fixtures.otel import PYTHON, python_env
 from fixtures.otlp_receiver import OtlpReceiver, attributes
 
 from otelgpu.instrumentation.torch import _names as N
+from otelgpu.metrics import catalog as C
 
 STEPS = 12
 
@@ -92,11 +93,11 @@ def test_zero_code_unmodified_script(
     assert steps is not None and steps.sum.data_points[0].as_int == STEPS
     duration = otlp_receiver.last_metric("otelgpu.train.step.duration")
     assert duration is not None and duration.exponential_histogram.data_points[0].count == STEPS
-    micro = otlp_receiver.last_metric(N.MICRO_BATCHES.name)
+    micro = otlp_receiver.last_metric(C.MICRO_BATCHES.name)
     assert micro is not None and micro.sum.data_points[0].as_int == 2 * STEPS
-    wait = otlp_receiver.last_metric(N.DATA_WAIT.name)
+    wait = otlp_receiver.last_metric(C.DATA_WAIT.name)
     assert wait is not None and wait.exponential_histogram.data_points[0].count == STEPS
-    ckpt = otlp_receiver.last_metric(N.CHECKPOINT_DURATION.name)
+    ckpt = otlp_receiver.last_metric(C.CHECKPOINT_DURATION.name)
     assert ckpt is not None
     (point,) = ckpt.exponential_histogram.data_points
     assert point.count == 1 and attributes(point.attributes) == {

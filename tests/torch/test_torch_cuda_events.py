@@ -32,6 +32,7 @@ from otelgpu.instrumentation.torch._config import resolve
 from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer, find_cuda_tensor
 from otelgpu.instrumentation.torch._patch import collective
 from otelgpu.instrumentation.torch._steps import StepTracker
+from otelgpu.metrics import catalog as C
 
 # ------------------------------------------------------------------ the event double
 
@@ -401,10 +402,10 @@ def test_end_to_end_step_spans_get_gpu_comm_and_step_time(
     assert N.SPAN_STEP_GPU not in attrs[0]
     expected = [(c + m) / 1e3 for c, m in zip(compute[1:], comm[1:], strict=True)]
     assert [a[N.SPAN_STEP_GPU] for a in attrs[1:]] == pytest.approx(expected)
-    series = harness.sketch(N.COMM_GPU.name).series()
+    series = harness.sketch(C.COMM_GPU.name).series()
     assert [(dict(a), s.count) for a, s in series] == [({N.ATTR_COMM_OP: "all_reduce"}, 4)]
     assert series[0][1].sum == pytest.approx(sum(comm) / 1e3)
-    step_gpu = harness.sketch(N.STEP_GPU.name).series()
+    step_gpu = harness.sketch(C.STEP_GPU.name).series()
     assert step_gpu[0][1].count == 3
     assert fake_cuda.syncs == 0
     # Only timing events were made: 2 per collective, 1 per step end.
@@ -432,7 +433,7 @@ def test_full_queue_drops_are_counted(fake_cuda: FakeGpu, harness: RuntimeHarnes
     assert attrs[0][N.SPAN_COMM_GPU] == pytest.approx(0.002)
     # Step 2 has one pair resolved and one dropped: incomplete, so left out.
     assert [N.SPAN_COMM_GPU in a for a in attrs] == [True, False, False]
-    assert harness.sketch(N.COMM_GPU.name).series()[0][1].count == 3
+    assert harness.sketch(C.COMM_GPU.name).series()[0][1].count == 3
     assert fake_cuda.syncs == 0
     assert harness.runtime.stats.errors() == {}
 
@@ -446,10 +447,10 @@ def test_unresolved_step_gets_no_attribute_but_the_metric_gets_it_later(
     flush()
     attrs = [dict(s.attributes) for s in harness.step_spans()]
     assert [a.get(N.SPAN_COMM_GPU) for a in attrs] == pytest.approx([0.001, 0.002, None])
-    assert harness.sketch(N.COMM_GPU.name).series()[0][1].count == 2
+    assert harness.sketch(C.COMM_GPU.name).series()[0][1].count == 2
     fake_cuda.advance()
     TorchInstrumentor().uninstrument()  # the last drain resolves without waiting
-    series = harness.sketch(N.COMM_GPU.name).series()
+    series = harness.sketch(C.COMM_GPU.name).series()
     assert [(dict(a), s.count) for a, s in series] == [({N.ATTR_COMM_OP: "wait"}, 3)]
     assert series[0][1].max == pytest.approx(0.004)
     assert fake_cuda.syncs == 0
@@ -514,7 +515,7 @@ def test_gloo_cpu_collectives_touch_no_cuda_api(
     assert all(N.SPAN_COMM_GPU not in s.attributes for s in spans)
     assert all(N.SPAN_STEP_GPU not in s.attributes for s in spans)  # CUDA never initialised
     assert next(created) == 0
-    assert harness.sketch(N.COMM_GPU.name).series() == []
+    assert harness.sketch(C.COMM_GPU.name).series() == []
 
 
 def test_settings_documented() -> None:

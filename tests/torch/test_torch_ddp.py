@@ -31,6 +31,7 @@ WORKER = textwrap.dedent(
     from torch_helpers import RuntimeHarness
     from otelgpu.instrumentation.torch import TorchInstrumentor, flush
     from otelgpu.instrumentation.torch import _names as N
+    from otelgpu.metrics import catalog as C
 
     def worker(rank, port, out):
         os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -58,14 +59,14 @@ WORKER = textwrap.dedent(
         flush()
         spans = h.step_spans()
         comm = {{a[N.ATTR_COMM_OP]: (s.count, s.sum)
-                for a, s in h.sketch(N.COMM_WAIT.name).series()}}
+                for a, s in h.sketch(C.COMM_WAIT.name).series()}}
         metrics = h.metrics()
         result = {{
             "steps": len(spans),
             "comm_wait_s": [dict(s.attributes)[N.SPAN_COMM_WAIT] for s in spans],
             "comm": comm,
-            "ddp_comm": [v for _, v in metrics.get(N.DDP_COMM.name, [])],
-            "comm_ratio": [v for _, v in metrics.get(N.COMM_WAIT_RATIO.name, [])],
+            "ddp_comm": [v for _, v in metrics.get(C.DDP_COMM.name, [])],
+            "comm_ratio": [v for _, v in metrics.get(C.COMM_WAIT_RATIO.name, [])],
             "errors": h.runtime.stats.errors(),
         }}
         TorchInstrumentor().uninstrument()

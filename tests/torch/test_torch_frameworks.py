@@ -12,6 +12,7 @@ from torch_helpers import RuntimeHarness
 
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch import flush
+from otelgpu.metrics import catalog as C
 
 
 class _Regressor(torch.nn.Module):  # type: ignore[misc]
@@ -63,11 +64,11 @@ def test_hf_trainer_steps_and_checkpoints(harness: RuntimeHarness, tmp_path: Pat
     # Trainer._save_checkpoint ran twice; its inner torch.save calls are not counted again.
     durations = {
         a[N.ATTR_CHECKPOINT_KIND]: s.count
-        for a, s in harness.sketch(N.CHECKPOINT_DURATION.name).series()
+        for a, s in harness.sketch(C.CHECKPOINT_DURATION.name).series()
     }
     assert durations == {"transformers": 2}
     sizes = {
-        a[N.ATTR_CHECKPOINT_KIND]: s.max for a, s in harness.sketch(N.CHECKPOINT_SIZE.name).series()
+        a[N.ATTR_CHECKPOINT_KIND]: s.max for a, s in harness.sketch(C.CHECKPOINT_SIZE.name).series()
     }
     last = tmp_path / "checkpoint-4"
     on_disk = sum(f.stat().st_size for f in last.rglob("*") if f.is_file())
@@ -187,10 +188,10 @@ def test_lightning_save_checkpoint_counted_once(
         flush()
         durations = {
             a[N.ATTR_CHECKPOINT_KIND]: s.count
-            for a, s in harness.sketch(N.CHECKPOINT_DURATION.name).series()
+            for a, s in harness.sketch(C.CHECKPOINT_DURATION.name).series()
         }
         assert durations == {"lightning": 1}  # its inner torch.save is not counted
-        ((_, size),) = harness.sketch(N.CHECKPOINT_SIZE.name).series()
+        ((_, size),) = harness.sketch(C.CHECKPOINT_SIZE.name).series()
         assert size.max == pytest.approx(target.stat().st_size, rel=0.01)
     finally:
         for name in names:

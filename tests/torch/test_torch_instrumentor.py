@@ -19,6 +19,7 @@ from otelgpu.instrumentation.torch import TorchInstrumentor, flush, record_batch
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._install import COLLECTIVES
+from otelgpu.metrics import catalog as C
 
 
 def _train(steps: int, *, sleep_s: float = 0.0, batch: int = 8) -> tuple[Any, Any]:
@@ -115,18 +116,18 @@ def test_step_spans_and_metrics_on_the_runtime(harness: RuntimeHarness) -> None:
     metrics = harness.metrics()
     assert metrics["otelgpu.train.steps"][0][1] == 6
     assert metrics["otelgpu.train.samples"][0][1] == 48
-    assert metrics[N.OPTIMIZER_STEPS.name] == [({N.ATTR_SKIPPED: False}, 6)]
-    assert metrics[N.MICRO_BATCHES.name] == [({}, 6)]
-    data_ratio = metrics[N.DATA_WAIT_RATIO.name][0][1]
+    assert metrics[C.OPTIMIZER_STEPS.name] == [({N.ATTR_SKIPPED: False}, 6)]
+    assert metrics[C.MICRO_BATCHES.name] == [({}, 6)]
+    data_ratio = metrics[C.DATA_WAIT_RATIO.name][0][1]
     total_wait = sum(a[N.SPAN_DATA_WAIT] for a in attrs)
     total = sum((s.end_time - s.start_time) / 1e9 for s in spans)
     assert data_ratio == pytest.approx(total_wait / total, rel=1e-6)
-    assert metrics[N.COMM_WAIT_RATIO.name][0][1] == 0.0
-    assert metrics[N.STEP_JITTER.name][0][1] >= 1.0
-    waits = harness.sketch(N.DATA_WAIT.name).series()
+    assert metrics[C.COMM_WAIT_RATIO.name][0][1] == 0.0
+    assert metrics[C.STEP_JITTER.name][0][1] >= 1.0
+    waits = harness.sketch(C.DATA_WAIT.name).series()
     assert len(waits) == 1 and waits[0][1].count == 6
     TorchInstrumentor().uninstrument()
-    assert harness.metrics().get(N.DATA_WAIT_RATIO.name, []) == []  # off: no points
+    assert harness.metrics().get(C.DATA_WAIT_RATIO.name, []) == []  # off: no points
 
 
 def test_span_every_n_steps_keeps_metrics_for_all(harness: RuntimeHarness) -> None:
@@ -223,12 +224,12 @@ def test_checkpoint_measured_once_per_save(harness: RuntimeHarness, tmp_path: Pa
     torch.save(torch.ones(3), tmp_path / "tensor.pt")  # a tensor is not a checkpoint
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "dcp"))
     TorchInstrumentor().uninstrument()
-    durations = harness.sketch(N.CHECKPOINT_DURATION.name).series()
+    durations = harness.sketch(C.CHECKPOINT_DURATION.name).series()
     by_kind = {a[N.ATTR_CHECKPOINT_KIND]: s.count for a, s in durations}
     # DCP writes each tensor with torch.save: nested saves are not counted again.
     assert by_kind == {"torch.save": 1, "dcp.save": 1}
     sizes = {
-        a[N.ATTR_CHECKPOINT_KIND]: s.max for a, s in harness.sketch(N.CHECKPOINT_SIZE.name).series()
+        a[N.ATTR_CHECKPOINT_KIND]: s.max for a, s in harness.sketch(C.CHECKPOINT_SIZE.name).series()
     }
     assert sizes["torch.save"] == pytest.approx(os.path.getsize(path), rel=0.01)
     dcp_bytes = sum(f.stat().st_size for f in (tmp_path / "dcp").rglob("*") if f.is_file())
@@ -251,7 +252,7 @@ def test_dcp_async_save_blocking_and_upload_measured_apart(
     TorchInstrumentor().uninstrument()
     by_kind = {
         a[N.ATTR_CHECKPOINT_KIND]: s.count
-        for a, s in harness.sketch(N.CHECKPOINT_DURATION.name).series()
+        for a, s in harness.sketch(C.CHECKPOINT_DURATION.name).series()
     }
     # The executor thread's inner dcp.save is the upload, not a second checkpoint.
     assert by_kind == {"dcp.async_save": 1, "dcp.async_save.upload": 1}
@@ -266,7 +267,7 @@ def test_checkpoint_to_a_stream_counts_bytes(harness: RuntimeHarness) -> None:
     buf.write(b"header")
     torch.save(model.state_dict(), buf)
     TorchInstrumentor().uninstrument()
-    ((_attrs, sketch),) = harness.sketch(N.CHECKPOINT_SIZE.name).series()
+    ((_attrs, sketch),) = harness.sketch(C.CHECKPOINT_SIZE.name).series()
     assert sketch.max == pytest.approx(len(buf.getvalue()) - len(b"header"), rel=0.01)
 
 

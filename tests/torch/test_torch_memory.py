@@ -19,6 +19,7 @@ from torch_helpers import RuntimeHarness
 from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch._memory import CudaMemory, parse_stats
+from otelgpu.metrics import catalog as C
 
 MiB = 1 << 20
 
@@ -133,9 +134,9 @@ def test_oom_becomes_span_event_and_counter(harness: RuntimeHarness) -> None:
     assert oom.attributes["device_free_bytes"] == 1 * MiB
     assert oom.attributes[N.SPAN_MEM_ALLOCATED] == 12 * MiB  # allocator state at that step
     metrics = harness.metrics()
-    assert metrics[N.OOMS.name] == [({N.ATTR_DEVICE: 0}, 1)]
-    assert metrics[N.MEMORY_ALLOCATED.name] == [({N.ATTR_DEVICE: 0}, 13 * MiB)]
-    assert metrics[N.MEMORY_PEAK.name] == [({N.ATTR_DEVICE: 0}, 15 * MiB)]
+    assert metrics[C.OOMS.name] == [({N.ATTR_DEVICE: 0}, 1)]
+    assert metrics[C.MEMORY_ALLOCATED.name] == [({N.ATTR_DEVICE: 0}, 13 * MiB)]
+    assert metrics[C.MEMORY_PEAK.name] == [({N.ATTR_DEVICE: 0}, 15 * MiB)]
     TorchInstrumentor().uninstrument()
     fake.oom(allocated=1)  # the observer cannot be detached: it is inert now
     assert session.tracker._acc.events == []
@@ -159,4 +160,4 @@ def test_oom_without_observer_still_counted(harness: RuntimeHarness) -> None:
     spans = harness.step_spans()
     counts = [len([e for e in s.events if e.name == N.EVENT_OOM]) for s in spans]
     assert counts == [0, 1, 0]
-    assert harness.metrics()[N.OOMS.name] == [({N.ATTR_DEVICE: 0}, 1)]
+    assert harness.metrics()[C.OOMS.name] == [({N.ATTR_DEVICE: 0}, 1)]

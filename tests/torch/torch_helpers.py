@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 
 from otelgpu.instrumentation.torch._steps import StepRecord
+from otelgpu.metrics import catalog
 
 
 @dataclass
@@ -95,4 +96,4 @@ class RuntimeHarness:
 
     def sketch(self, name: str) -> object:
         """The runtime's sketch histogram ``name`` (its ``series()`` hold the sketches)."""
-        return self.runtime.sketch_histogram(name, "", "")
+        return self.runtime.instrument(catalog.BY_NAME[name])

@@ -22,6 +22,7 @@ from vllm_script import ScriptedRequest, batches, vllm_config
 from vllm_support import Instrumented, wait_for_samples
 
 from otelgpu.instrumentation.vllm import _context, _names, _patch
+from otelgpu.metrics import catalog
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
@@ -167,42 +168,42 @@ def test_vllm_stats_become_documented_metrics_and_spans(
     startups = run.spans(_names.STARTUP_SPAN_NAME)
     assert sorted(_attrs(s)["otelgpu.vllm.engine"] for s in startups) == [0, 1]
     assert all(_attrs(s)["otelgpu.vllm.tensor_parallel_size"] == 2 for s in startups)
-    startup_points = run.points(_names.STARTUP_DURATION.name)
+    startup_points = run.points(catalog.STARTUP_DURATION.name)
     assert {p[0]["otelgpu.vllm.engine"] for p in startup_points} == {0, 1}
     assert all(p.as_double > 0 for _, p in startup_points)
 
     # ---- metrics, as documented (names, units)
     metrics = run.metrics()
-    for metric in _names.ALL:
+    for metric in catalog.VLLM_METRICS:
         if metric.name in metrics:
             assert metrics[metric.name].unit == metric.unit, metric.name
     last = recorded[-1].scheduler_stats
-    assert _engine_value(run, _names.REQUESTS_RUNNING.name) == last.num_running_reqs
-    assert _engine_value(run, _names.REQUESTS_WAITING.name) == last.num_waiting_reqs
-    assert _engine_value(run, _names.KV_CACHE_USAGE.name) == pytest.approx(last.kv_cache_usage)
+    assert _engine_value(run, catalog.REQUESTS_RUNNING.name) == last.num_running_reqs
+    assert _engine_value(run, catalog.REQUESTS_WAITING.name) == last.num_waiting_reqs
+    assert _engine_value(run, catalog.KV_CACHE_USAGE.name) == pytest.approx(last.kv_cache_usage)
     peak = max(b.scheduler_stats.kv_cache_usage for b in recorded)
-    assert _engine_value(run, _names.KV_CACHE_USAGE_PEAK.name) == pytest.approx(peak)
+    assert _engine_value(run, catalog.KV_CACHE_USAGE_PEAK.name) == pytest.approx(peak)
     assert peak > 0
     prefix_q = sum(b.scheduler_stats.prefix_cache_stats.queries for b in recorded)
     prefix_h = sum(b.scheduler_stats.prefix_cache_stats.hits for b in recorded)
-    assert _engine_value(run, _names.PREFIX_CACHE_QUERIES.name) == prefix_q == 180
-    assert _engine_value(run, _names.PREFIX_CACHE_HITS.name) == prefix_h == 16
-    assert _engine_value(run, _names.PREFIX_CACHE_HIT_RATIO.name) == pytest.approx(16 / 180)
+    assert _engine_value(run, catalog.PREFIX_CACHE_QUERIES.name) == prefix_q == 180
+    assert _engine_value(run, catalog.PREFIX_CACHE_HITS.name) == prefix_h == 16
+    assert _engine_value(run, catalog.PREFIX_CACHE_HIT_RATIO.name) == pytest.approx(16 / 180)
     finished = {
         attrs["otelgpu.vllm.finish_reason"]: p.as_int
-        for attrs, p in run.points(_names.REQUESTS_FINISHED.name)
+        for attrs, p in run.points(catalog.REQUESTS_FINISHED.name)
         if attrs["otelgpu.vllm.engine"] == 1
     }
     assert finished == {"stop": 1, "length": 1, "error": 1, "abort": 1}
     tokens = {
         attrs["gen_ai.token.type"]: p.as_int
-        for attrs, p in run.points(_names.TOKENS.name)
+        for attrs, p in run.points(catalog.TOKENS.name)
         if attrs["otelgpu.vllm.engine"] == 1
     }
     assert tokens == {"input": 100 + 50 + 30, "output": 5 + 10 + 2}
-    itl = run.metrics()[_names.INTER_TOKEN_LATENCY.name].exponential_histogram.data_points
+    itl = run.metrics()[catalog.INTER_TOKEN_LATENCY.name].exponential_histogram.data_points
     assert sum(p.count for p in itl) == 4 + 9 + 1
-    assert _engine_value(run, _names.REQUEST_RATE.name) > 0
+    assert _engine_value(run, catalog.REQUEST_RATE.name) > 0
     outcomes = {
         attrs["otelgpu.request.outcome"]: p.as_int
         for attrs, p in run.points("otelgpu.inference.requests")

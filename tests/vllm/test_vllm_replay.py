@@ -20,7 +20,7 @@ from fixtures.otlp_receiver import attributes
 from vllm_script import ScriptedRequest, batches, burst, vllm_config
 from vllm_support import Instrumented
 
-from otelgpu.instrumentation.vllm import _names
+from otelgpu.metrics import catalog
 from otelgpu.sketch import QuantileSketch
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
@@ -94,7 +94,7 @@ def test_vllm_replayed_burst_matches_the_script(
     # ---- error, abort and success rates from the counters: exact
     finished = {
         a["otelgpu.vllm.finish_reason"]: p.as_int
-        for a, p in run.points(_names.REQUESTS_FINISHED.name)
+        for a, p in run.points(catalog.REQUESTS_FINISHED.name)
     }
     assert finished == dict(reasons)
     outcomes = {

@@ -3,7 +3,7 @@
 Everything goes through the otelgpu :class:`~otelgpu._runtime.Runtime` (ARCHITECTURE.md,
 "Runtime"): the step span with its GPU context and the step-duration sketch, the
 ``otelgpu.train.steps``/``samples``/``tokens`` counters come from ``Runtime.finish_step``;
-this module adds the torch-specific metrics listed in :mod:`._names` and
+this module adds the torch metrics of ``otelgpu.metrics.catalog.TORCH_METRICS`` and
 ``docs/metrics-torch.md``. The runtime is looked up lazily (``otelgpu._runtime.current()``
 at the first record), so the instrumentor may be installed before ``instrument()`` runs.
 
@@ -26,7 +26,6 @@ one drain lock; the ring is guarded by a lock shared with the collection callbac
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import weakref
@@ -40,6 +39,8 @@ from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch._cuda_events import PENDING_LIMIT, CudaEventTimer, Resolved
 from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
 from otelgpu.instrumentation.torch._steps import StepRecord
+from otelgpu.metrics import catalog as C
+from otelgpu.metrics.spec import MetricSpec
 
 __all__ = ["RATIO_WINDOW", "Telemetry"]
 
@@ -61,82 +62,39 @@ this many steps, then every this many steps (DDP samples its first 10 iterations
 every 100th)."""
 
 
-class _Shared:
-    """Instruments of one runtime; gauges call whichever Telemetry owns them now.
-
-    OpenTelemetry instruments cannot be removed, and re-creating an observable gauge
-    on the same meter duplicates it, so a re-instrumented process reuses these.
-    """
-
-    def __init__(self) -> None:
-        self.inst: dict[str, Any] = {}
-        self.owner: Telemetry | None = None
-
-    def gauge(self, method: str, *args: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            owner = self.owner
-            if owner is None or not owner.enabled:
-                return []
-            try:
-                return getattr(owner, method)(*args)  # type: ignore[no-any-return]
-            except Exception as exc:  # noqa: BLE001 - never raise into the host
-                owner.error("torch.metrics." + method, exc)
-                return []
-
-        return observe
+_GAUGES: tuple[tuple[MetricSpec, str, str], ...] = (
+    (C.DATA_WAIT_RATIO, "observe_ratio", "data"),
+    (C.COMM_WAIT_RATIO, "observe_ratio", "comm"),
+    (C.STEP_JITTER, "observe_ratio", "jitter"),
+    (C.MEMORY_ALLOCATED, "observe_memory", "allocated_bytes"),
+    (C.MEMORY_RESERVED, "observe_memory", "reserved_bytes"),
+    (C.MEMORY_PEAK, "observe_memory", "peak_allocated_bytes"),
+    (C.DDP_COMM, "observe_ddp", "avg_backward_comm_time"),
+    (C.DDP_COMPUTE, "observe_ddp", "avg_backward_compute_time"),
+    (C.DDP_OVERLAP, "observe_ddp", "avg_backward_compute_comm_overlap_time"),
+)
+"""Each torch gauge and the :class:`Telemetry` method (and its argument) that observes it."""
 
 
-def _counter(rt: Any, metric: N.TorchMetric) -> Any:
-    """A cheap in-process counter published at collection (SDK ``Counter.add`` costs µs)."""
-    try:
-        from otelgpu.otel.counters import LocalCounter
-    except ImportError:  # pragma: no cover - older pipeline: plain SDK counter
-        return rt.meter.create_counter(metric.name, metric.unit, metric.description)
-    return LocalCounter(rt.meter, metric.name, metric.unit, metric.description)
+class _Gauge:
+    """A gauge callback bound weakly to its Telemetry (a dropped one reports nothing)."""
 
+    __slots__ = ("_arg", "_method", "_owner")
 
-_SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
-_SHARED_LOCK = threading.Lock()
+    def __init__(self, owner: Telemetry, method: str, arg: str) -> None:
+        self._owner = weakref.ref(owner)
+        self._method = method
+        self._arg = arg
 
-
-def _shared_instruments(rt: Any) -> _Shared:
-    with _SHARED_LOCK:
-        shared = _SHARED.get(rt)
-        if shared is not None:
-            return shared
-        shared = _Shared()
-        for metric in N.TORCH_METRICS:
-            if metric.kind == "sketch":
-                shared.inst[metric.name] = rt.sketch_histogram(
-                    metric.name, metric.unit, metric.description
-                )
-            elif metric.kind == "counter":
-                shared.inst[metric.name] = _counter(rt, metric)
-        gauges = {
-            N.DATA_WAIT_RATIO.name: shared.gauge("observe_ratio", "data"),
-            N.COMM_WAIT_RATIO.name: shared.gauge("observe_ratio", "comm"),
-            N.STEP_JITTER.name: shared.gauge("observe_ratio", "jitter"),
-            N.MEMORY_ALLOCATED.name: shared.gauge("observe_memory", "allocated_bytes"),
-            N.MEMORY_RESERVED.name: shared.gauge("observe_memory", "reserved_bytes"),
-            N.MEMORY_PEAK.name: shared.gauge("observe_memory", "peak_allocated_bytes"),
-            N.DDP_COMM.name: shared.gauge("observe_ddp", "avg_backward_comm_time"),
-            N.DDP_COMPUTE.name: shared.gauge("observe_ddp", "avg_backward_compute_time"),
-            N.DDP_OVERLAP.name: shared.gauge(
-                "observe_ddp", "avg_backward_compute_comm_overlap_time"
-            ),
-        }
-        for metric in N.TORCH_METRICS:
-            if metric.kind == "gauge":
-                rt.meter.create_observable_gauge(
-                    metric.name,
-                    callbacks=[gauges[metric.name]],
-                    unit=metric.unit,
-                    description=metric.description,
-                )
-        # A runtime that is not weak-referenceable keeps instruments per Telemetry.
-        with contextlib.suppress(TypeError):
-            _SHARED[rt] = shared
-        return shared
+    def __call__(self, _options: CallbackOptions) -> Iterable[Observation]:
+        owner = self._owner()
+        if owner is None or not owner.enabled:
+            return []
+        try:
+            return getattr(owner, self._method)(self._arg)  # type: ignore[no-any-return]
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            owner.error("torch.metrics." + self._method, exc)
+            return []
 
 
 def _quantile(sorted_values: list[int], q: float) -> float:
@@ -178,6 +136,7 @@ class Telemetry:
         self._ddp: dict[str, float] = {}
         self._ddp_iteration: dict[int, int] = {}
         self._inst: dict[str, Any] | None = None
+        self._gauges: list[tuple[Any, _Gauge]] = []
         self.add_event: Callable[[str, dict[str, object]], None] | None = None
         self.enabled = True
         self.steps_seen = 0
@@ -219,10 +178,20 @@ class Telemetry:
         inst = self._inst
         if inst is not None:
             return inst
-        shared = _shared_instruments(rt)
-        shared.owner = self
-        self._inst = shared.inst
-        return shared.inst
+        inst = {m.name: rt.instrument(m) for m in C.TORCH_METRICS if not m.kind.observable}
+        self._remove_gauges()
+        self._gauges = [
+            (rt.instrument(spec), _Gauge(self, method, arg)) for spec, method, arg in _GAUGES
+        ]
+        for observable, callback in self._gauges:
+            observable.add(callback)
+        self._inst = inst
+        return inst
+
+    def _remove_gauges(self) -> None:
+        gauges, self._gauges = self._gauges, []
+        for observable, callback in gauges:
+            observable.remove(callback)
 
     def _error(self, where: str, exc: BaseException) -> None:
         rt = self._runtime
@@ -249,7 +218,7 @@ class Telemetry:
         if rt is None:
             return
         inst = self._instruments(rt)
-        inst[N.COMM_WAIT.name].record((end_ns - start_ns) / 1e9, {N.ATTR_COMM_OP: op})
+        inst[C.COMM_WAIT.name].record((end_ns - start_ns) / 1e9, {N.ATTR_COMM_OP: op})
 
     def checkpoint(self, kind: str, start_ns: int, end_ns: int, size_bytes: int | None) -> None:
         """One checkpoint save: duration and size sketches, by kind."""
@@ -258,16 +227,16 @@ class Telemetry:
             return
         inst = self._instruments(rt)
         attrs = {N.ATTR_CHECKPOINT_KIND: kind}
-        inst[N.CHECKPOINT_DURATION.name].record((end_ns - start_ns) / 1e9, attrs)
+        inst[C.CHECKPOINT_DURATION.name].record((end_ns - start_ns) / 1e9, attrs)
         if size_bytes is not None:
-            inst[N.CHECKPOINT_SIZE.name].record(float(size_bytes), attrs)
+            inst[C.CHECKPOINT_SIZE.name].record(float(size_bytes), attrs)
 
     def loader_startup(self, start_ns: int, end_ns: int) -> None:
         """Worker start-up of one ``iter(DataLoader)``."""
         rt = self.runtime() if self.enabled else None
         if rt is None:
             return
-        self._instruments(rt)[N.LOADER_STARTUP.name].record((end_ns - start_ns) / 1e9)
+        self._instruments(rt)[C.LOADER_STARTUP.name].record((end_ns - start_ns) / 1e9)
 
     def oom(self, attributes: dict[str, object]) -> None:
         """The allocator's OOM observer fired: an event on the step in progress."""
@@ -345,12 +314,12 @@ class Telemetry:
         if not got.ops and not got.steps:
             return
         inst = self._instruments(rt)
-        comm_gpu = inst[N.COMM_GPU.name]
+        comm_gpu = inst[C.COMM_GPU.name]
         for r in got.ops:
             comm_gpu.record(r.gpu_s, {N.ATTR_COMM_OP: r.op})
         self._gpu_ops.extend(got.ops)
         for step, gpu_s in got.steps.items():
-            inst[N.STEP_GPU.name].record(gpu_s)
+            inst[C.STEP_GPU.name].record(gpu_s)
             self._gpu_steps[step] = gpu_s
         if len(self._gpu_steps) > PENDING_LIMIT:  # steps never processed (no runtime)
             for step in sorted(self._gpu_steps)[:-PENDING_LIMIT]:
@@ -391,6 +360,7 @@ class Telemetry:
             worker.join(timeout=2.0)
         self._worker = None
         self.drain()
+        self._remove_gauges()
 
     def _record_step(self, record: StepRecord) -> None:
         """One finished step: span (every ``span_every``), metrics, ratio ring."""
@@ -403,14 +373,14 @@ class Telemetry:
             self._ring.append((record.duration_ns, record.data_wait_ns, record.comm_wait_ns))
         optimizer_attrs = {N.ATTR_SKIPPED: False}
         if record.optimizer_steps > record.skipped_optimizer_steps:
-            inst[N.OPTIMIZER_STEPS.name].add(
+            inst[C.OPTIMIZER_STEPS.name].add(
                 record.optimizer_steps - record.skipped_optimizer_steps, optimizer_attrs
             )
         if record.skipped_optimizer_steps:
-            inst[N.OPTIMIZER_STEPS.name].add(record.skipped_optimizer_steps, {N.ATTR_SKIPPED: True})
+            inst[C.OPTIMIZER_STEPS.name].add(record.skipped_optimizer_steps, {N.ATTR_SKIPPED: True})
         if record.micro_batches:
-            inst[N.MICRO_BATCHES.name].add(record.micro_batches)
-        inst[N.DATA_WAIT.name].record(record.data_wait_ns / 1e9)
+            inst[C.MICRO_BATCHES.name].add(record.micro_batches)
+        inst[C.DATA_WAIT.name].record(record.data_wait_ns / 1e9)
         fields: dict[str, Any] = {
             N.SPAN_MICRO_BATCHES: record.micro_batches,
             N.SPAN_OPTIMIZER_STEPS: record.optimizer_steps,
@@ -458,9 +428,7 @@ class Telemetry:
             )
             return
         if sampled:
-            from otelgpu.otel.names import STEP_SPAN
-
-            span = rt.tracer.start_span(STEP_SPAN, start_time=record.start_ns, attributes=fields)
+            span = rt.tracer.start_span(C.STEP_SPAN, start_time=record.start_ns, attributes=fields)
             if events and span.is_recording():
                 for name, t_ns, attrs in events:
                     span.add_event(name, attrs, timestamp=t_ns)
@@ -523,11 +491,11 @@ class Telemetry:
                 events[i] = (name, t_ns, {**state, **attrs})
                 observed = True
         if new_ooms > 0:
-            inst[N.OOMS.name].add(new_ooms, {N.ATTR_DEVICE: snap.device})
+            inst[C.OOMS.name].add(new_ooms, {N.ATTR_DEVICE: snap.device})
             if not observed:
                 events.append((N.EVENT_OOM, record.end_ns, {**state, "count": new_ooms}))
         if new_retries > 0:
-            inst[N.ALLOC_RETRIES.name].add(new_retries, {N.ATTR_DEVICE: snap.device})
+            inst[C.ALLOC_RETRIES.name].add(new_retries, {N.ATTR_DEVICE: snap.device})
         return snap
 
     def _read_ddp(self) -> None:

@@ -44,6 +44,8 @@ from otelgpu.instrumentation.vllm import _names as n
 from otelgpu.instrumentation.vllm._context import TraceContextRegistry
 from otelgpu.instrumentation.vllm._devices import EnginePlacement
 from otelgpu.instrumentation.vllm._fields import FieldReader
+from otelgpu.metrics import catalog as C
+from otelgpu.metrics.spec import MetricSpec
 
 _logger = logging.getLogger("otelgpu.instrumentation.vllm")
 
@@ -102,7 +104,7 @@ class RuntimeLike(Protocol):
     @property
     def meter(self) -> Meter: ...
 
-    def sketch_histogram(self, name: str, unit: str, description: str) -> Any: ...
+    def instrument(self, spec: MetricSpec, callback: Any = None) -> Any: ...
 
     def record_request(self, start_ns: int, end_ns: int, **fields: Any) -> Any: ...
 
@@ -173,13 +175,12 @@ class EngineRecorder:
             base[n.ATTR_MODEL] = model_name
         self.base_attributes: Mapping[str, Any] = base
 
-        h = runtime.sketch_histogram
-        self._h_itl = h(n.INTER_TOKEN_LATENCY.name, "s", n.INTER_TOKEN_LATENCY.description)
-        self._h_prefill = h(n.PREFILL_TIME.name, "s", n.PREFILL_TIME.description)
-        self._h_decode = h(n.DECODE_TIME.name, "s", n.DECODE_TIME.description)
-        self._h_inference = h(n.INFERENCE_TIME.name, "s", n.INFERENCE_TIME.description)
+        self._h_itl = runtime.instrument(C.INTER_TOKEN_LATENCY)
+        self._h_prefill = runtime.instrument(C.PREFILL_TIME)
+        self._h_decode = runtime.instrument(C.DECODE_TIME)
+        self._h_inference = runtime.instrument(C.INFERENCE_TIME)
 
-        # Published by the observable instruments (see _Instruments); written only here.
+        # Published by the observable instruments (see _OBSERVERS); written only here.
         self.running: int | None = None
         self.waiting: int | None = None
         self.kv_cache_usage: float | None = None
@@ -200,7 +201,11 @@ class EngineRecorder:
         self._rate_mark = (time.time_ns(), 0)
         self._prefix_mark = (0, 0)
 
-        _Instruments.attach(runtime, self)
+        self._observables = [
+            (runtime.instrument(spec), _Observer(self, fn)) for spec, fn in _OBSERVERS
+        ]
+        for observable, callback in self._observables:
+            observable.add(callback)
 
     # ------------------------------------------------------------------ hot path
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
@@ -397,7 +402,9 @@ class EngineRecorder:
 
     def close(self) -> None:
         """Stops publishing this engine's gauges and counters."""
-        _Instruments.detach(self.runtime, self)
+        observables, self._observables = self._observables, []
+        for observable, callback in observables:
+            observable.remove(callback)
 
 
 def _phase(value: float | None, limit: float) -> float | None:
@@ -406,81 +413,24 @@ def _phase(value: float | None, limit: float) -> float | None:
     return value
 
 
-class _Instruments:
-    """The observable instruments of one runtime, shared by all its engine recorders.
+class _Observer:
+    """One engine's callback for one observable instrument; holds its recorder weakly.
 
-    The SDK keeps the first instrument registered under a name, so per-recorder callbacks
-    would be dropped for the second DP engine; one set of callbacks iterates the live
-    recorders instead. Recorders are held weakly.
+    Every engine of a runtime feeds the same instruments (``Runtime.instrument`` is
+    idempotent), each with its own attributes (``otelgpu.vllm.engine``).
     """
 
-    _by_runtime: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
-    _lock = threading.Lock()
+    __slots__ = ("_fn", "_recorder")
 
-    def __init__(self, meter: Meter) -> None:
-        self.recorders: weakref.WeakSet[EngineRecorder] = weakref.WeakSet()
-        counters: list[tuple[n.MetricName, Callable[[EngineRecorder], Iterable[Observation]]]] = [
-            (n.REQUESTS_FINISHED, _obs_finished),
-            (n.TOKENS, _obs_tokens),
-            (n.PREEMPTIONS, lambda r: [Observation(r.preemptions, r.base_attributes)]),
-            (
-                n.PREFIX_CACHE_QUERIES,
-                lambda r: [Observation(r.prefix_queries, r.base_attributes)],
-            ),
-            (n.PREFIX_CACHE_HITS, lambda r: [Observation(r.prefix_hits, r.base_attributes)]),
-        ]
-        for metric, fn in counters:
-            meter.create_observable_counter(
-                metric.name,
-                callbacks=[self._callback(fn)],
-                unit=metric.unit,
-                description=metric.description,
-            )
-        gauges: list[tuple[n.MetricName, Callable[[EngineRecorder], Iterable[Observation]]]] = [
-            (n.REQUESTS_RUNNING, _gauge(lambda r: r.running)),
-            (n.REQUESTS_WAITING, _gauge(lambda r: r.waiting)),
-            (n.KV_CACHE_USAGE, _gauge(lambda r: r.kv_cache_usage)),
-            (n.STARTUP_DURATION, _obs_startup),
-        ]
-        interval: list[tuple[n.MetricName, Callable[[EngineRecorder], Iterable[Observation]]]] = [
-            (n.REQUEST_RATE, _obs_rate),
-            (n.PREFIX_CACHE_HIT_RATIO, _obs_hit_ratio),
-            (n.KV_CACHE_USAGE_PEAK, _gauge(lambda r: r.interval_kv_peak())),
-        ]
-        for metric, fn in gauges + interval:
-            meter.create_observable_gauge(
-                metric.name,
-                callbacks=[self._callback(fn)],
-                unit=metric.unit,
-                description=metric.description,
-            )
+    def __init__(
+        self, recorder: EngineRecorder, fn: Callable[[EngineRecorder], Iterable[Observation]]
+    ) -> None:
+        self._recorder = weakref.ref(recorder)
+        self._fn = fn
 
-    @classmethod
-    def attach(cls, runtime: RuntimeLike, recorder: EngineRecorder) -> None:
-        with cls._lock:
-            inst = cls._by_runtime.get(runtime)
-            if inst is None:
-                inst = cls(runtime.meter)
-                cls._by_runtime[runtime] = inst
-            inst.recorders.add(recorder)
-
-    @classmethod
-    def detach(cls, runtime: RuntimeLike, recorder: EngineRecorder) -> None:
-        with cls._lock:
-            inst = cls._by_runtime.get(runtime)
-            if inst is not None:
-                inst.recorders.discard(recorder)
-
-    def _callback(
-        self, fn: Callable[[EngineRecorder], Iterable[Observation]]
-    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def callback(_options: CallbackOptions) -> Iterable[Observation]:
-            out: list[Observation] = []
-            for recorder in list(self.recorders):
-                out.extend(_safe_observe(fn, recorder))
-            return out
-
-        return callback
+    def __call__(self, _options: CallbackOptions) -> Iterable[Observation]:
+        recorder = self._recorder()
+        return [] if recorder is None else _safe_observe(self._fn, recorder)
 
 
 def _safe_observe(
@@ -531,3 +481,20 @@ def _gauge(
         return [] if v is None else [Observation(v, r.base_attributes)]
 
     return fn
+
+
+_OBSERVERS: tuple[tuple[MetricSpec, Callable[[EngineRecorder], Iterable[Observation]]], ...] = (
+    (C.REQUESTS_FINISHED, _obs_finished),
+    (C.TOKENS, _obs_tokens),
+    (C.PREEMPTIONS, lambda r: [Observation(r.preemptions, r.base_attributes)]),
+    (C.PREFIX_CACHE_QUERIES, lambda r: [Observation(r.prefix_queries, r.base_attributes)]),
+    (C.PREFIX_CACHE_HITS, lambda r: [Observation(r.prefix_hits, r.base_attributes)]),
+    (C.REQUESTS_RUNNING, _gauge(lambda r: r.running)),
+    (C.REQUESTS_WAITING, _gauge(lambda r: r.waiting)),
+    (C.KV_CACHE_USAGE, _gauge(lambda r: r.kv_cache_usage)),
+    (C.STARTUP_DURATION, _obs_startup),
+    (C.REQUEST_RATE, _obs_rate),
+    (C.PREFIX_CACHE_HIT_RATIO, _obs_hit_ratio),
+    (C.KV_CACHE_USAGE_PEAK, _gauge(lambda r: r.interval_kv_peak())),
+)
+"""Each observable vLLM metric and what one engine reports for it."""

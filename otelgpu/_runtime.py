@@ -30,6 +30,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from otelgpu import _values
 from otelgpu._settings import Settings
 from otelgpu.metrics import catalog
 from otelgpu.metrics.instruments import Callback, Instruments
@@ -226,6 +227,7 @@ class Runtime:
         # collection with no metric is not exported, so the histograms need a companion.
         instrument(catalog.INTERNAL_SKETCH_SERIES, self._observe_series)
         instrument(catalog.INTERNAL_DROPPED, self._observe_dropped)
+        instrument(catalog.INTERNAL_REJECTED, self._observe_rejected)
 
     def instrument(self, spec: MetricSpec, callback: Callback | None = None) -> Any:
         """The instrument of ``spec`` (created once per runtime; see ``otelgpu.metrics``).
@@ -335,8 +337,19 @@ class Runtime:
         failed: BaseException | None = None,
         devices: Sequence[str] | None = None,
     ) -> None:
-        """Attributes, GPU context, metrics, then end ``span`` at ``end_ns``. Never raises."""
+        """Attributes, GPU context, metrics, then end ``span`` at ``end_ns``. Never raises.
+
+        Out-of-range ``step``, ``samples`` or ``tokens`` are dropped and counted
+        (``otelgpu._values``), never exported.
+        """
         try:
+            stats = self.stats
+            if samples is not None:
+                samples = _values.count(samples, "samples", stats)
+            if tokens is not None:
+                tokens = _values.count(tokens, "tokens", stats)
+            if _values.count(step, "step", stats) is None:
+                step = 0
             duration_s = max(end_ns - start_ns, 0) / 1e9
             if span.is_recording():  # an unsampled span gets no attribute dict built
                 attrs = self.step_attributes(duration_s, step, samples, tokens)
@@ -437,8 +450,19 @@ class Runtime:
         exception: BaseException | None = None,
         devices: Sequence[str] | None = None,
     ) -> None:
-        """Attributes, GPU context, metrics, then end ``span`` at ``end_ns``. Never raises."""
+        """Attributes, GPU context, metrics, then end ``span`` at ``end_ns``. Never raises.
+
+        Out-of-range token counts and queue times are dropped and counted
+        (``otelgpu._values``), never exported.
+        """
         try:
+            stats = self.stats
+            output_tokens = int(_values.count(output_tokens, "output_tokens", stats) or 0)
+            if input_tokens is not None:
+                got = _values.count(input_tokens, "input_tokens", stats)
+                input_tokens = None if got is None else int(got)
+            if queue_time_s is not None:
+                queue_time_s = _values.duration(queue_time_s, "queue_time_s", stats)
             duration_s = max(end_ns - start_ns, 0) / 1e9
             ttft_s = None
             tpot_s = None
@@ -546,14 +570,14 @@ class Runtime:
             provider = fields.pop("provider", None) or "otelgpu"
             context = fields.pop("context", None)
             first_token_ns = fields.pop("first_token_ns", None)
-            ttft_s = fields.pop("ttft_s", None)
+            ttft_s = _values.duration(fields.pop("ttft_s", None), "ttft_s", self.stats)
             if first_token_ns is None and ttft_s is not None:
                 first_token_ns = start_ns + int(ttft_s * 1e9)
             outcome = fields.pop("outcome", None) or "ok"
             if outcome not in OUTCOMES:
                 outcome = "error"
             kwargs: dict[str, Any] = {
-                "output_tokens": int(fields.pop("output_tokens", 0) or 0),
+                "output_tokens": fields.pop("output_tokens", 0) or 0,
                 "input_tokens": fields.pop("input_tokens", None),
                 "queue_time_s": fields.pop("queue_time_s", None),
                 "error_type": fields.pop("error_type", None),
@@ -595,6 +619,12 @@ class Runtime:
         return [
             Observation(n, {"otelgpu.signal": s, "otelgpu.reason": r})
             for (s, r), n in self.stats.dropped().items()
+        ]
+
+    def _observe_rejected(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(n, {"otelgpu.field": f, "otelgpu.reason": r})
+            for (f, r), n in self.stats.rejected().items()
         ]
 
     def poll_health(self) -> list[Any]:

@@ -371,6 +371,15 @@ INTERNAL_DROPPED = MetricSpec(
     Area.INTERNAL,
     ("otelgpu.signal", "otelgpu.reason"),
 )
+INTERNAL_REJECTED = MetricSpec(
+    "otelgpu.internal.rejected",
+    _OCOUNTER,
+    "{value}",
+    "Values passed to step(), request() or an instrumentor that were out of range and not "
+    "exported, by field and reason (not_a_number, nan, infinite, negative, too_large).",
+    Area.INTERNAL,
+    ("otelgpu.field", "otelgpu.reason"),
+)
 INTERNAL_SKETCH_SERIES = MetricSpec(
     "otelgpu.internal.sketch.series",
     _OGAUGE,
@@ -383,6 +392,7 @@ INTERNAL_SKETCH_SERIES = MetricSpec(
 INTERNAL_METRICS: tuple[MetricSpec, ...] = (
     INTERNAL_ERRORS,
     INTERNAL_DROPPED,
+    INTERNAL_REJECTED,
     INTERNAL_SKETCH_SERIES,
 )
 """otelgpu's own health (exported even where the application owns the meter provider)."""

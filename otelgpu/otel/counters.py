@@ -28,6 +28,7 @@ _OVERFLOW_KEY = _freeze(OVERFLOW_ATTRIBUTES)
 _EMPTY_KEY: frozenset[Any] = frozenset()
 _PLAIN = (int, float)  # the fast path of the type check
 _INF = math.inf
+_MAX_AMOUNT = 2**53  # larger ones would overflow OTLP's int64 points (and poison export)
 
 
 class LocalCounter:
@@ -64,8 +65,8 @@ class LocalCounter:
                 isinstance(amount, bool) or not isinstance(amount, numbers.Real)
             ):
                 raise TypeError(f"{self.name}: amount must be a number, got {amount!r}")
-            if not 0 <= amount < _INF:
-                raise ValueError(f"{self.name}: amount must be finite and >= 0, got {amount!r}")
+            if not 0 <= amount <= _MAX_AMOUNT:
+                raise ValueError(f"{self.name}: amount must be in [0, 2**53], got {amount!r}")
             key = _freeze(attributes) if attributes else _EMPTY_KEY
             with self._lock:
                 entry = self._values.get(key)
@@ -83,7 +84,7 @@ class LocalCounter:
         add to the same attribute set many times and keep its key). Never raises; any
         other amount takes :meth:`add` and its checks.
         """
-        if type(amount) is not int or amount < 0:
+        if type(amount) is not int or not 0 <= amount <= _MAX_AMOUNT:
             self.add(amount, attributes)
             return
         try:

@@ -1,7 +1,8 @@
-"""Internal counters: errors swallowed on hot paths and telemetry dropped on purpose.
+"""Internal counters: errors swallowed on hot paths, telemetry dropped on purpose, and
+caller values rejected as out of range.
 
-Thread-safe (one short lock); never raises. Exported as ``otelgpu.internal.errors``
-and ``otelgpu.internal.dropped`` by the runtime.
+Thread-safe (one short lock); never raises. Exported as ``otelgpu.internal.errors``,
+``otelgpu.internal.dropped`` and ``otelgpu.internal.rejected`` by the runtime.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class InternalStats:
         self._lock = threading.Lock()
         self._errors: Counter[str] = Counter()
         self._dropped: Counter[tuple[str, str]] = Counter()
+        self._rejected: Counter[tuple[str, str]] = Counter()
 
     def report_error(self, where: str, exc: BaseException | None = None) -> None:
         """Count an error at ``where``; log it the first time ``where`` fails."""
@@ -41,6 +43,26 @@ class InternalStats:
         with self._lock:
             self._dropped[(signal, reason)] += count
 
+    def add_rejected(self, field: str, reason: str) -> None:
+        """Count one value of ``field`` rejected for ``reason``; log the first of each field."""
+        try:
+            with self._lock:
+                self._rejected[(field, reason)] += 1
+                first = sum(n for (f, _), n in self._rejected.items() if f == field) == 1
+            if first:
+                _logger.warning(
+                    "otelgpu: rejected a %s value (%s); it is not exported "
+                    "(further ones are only counted in otelgpu.internal.rejected)",
+                    field,
+                    reason,
+                )
+        except Exception:  # noqa: BLE001 - the last line of defence must not raise
+            pass
+
+    def rejected(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._rejected)
+
     def errors(self) -> dict[str, int]:
         with self._lock:
             return dict(self._errors)
@@ -59,9 +81,11 @@ class InternalStats:
         self._lock = threading.Lock()
         self._errors = Counter()
         self._dropped = Counter()
+        self._rejected = Counter()
 
     def reset(self) -> None:
         """Forget everything (a forked child starts from zero)."""
         with self._lock:
             self._errors.clear()
             self._dropped.clear()
+            self._rejected.clear()

@@ -130,9 +130,10 @@ def test_pipeline_step_with_negative_samples_keeps_counters_monotonic(review_app
     assert [v for _, v in samples] == [6]
     assert [v for _, v in tokens] == [10]
     assert [v for _, v in steps] == [3]  # the step with bad counts still counts as a step
-    errors = _errors()
-    assert errors[f"counter {names.TRAIN_SAMPLES.name}"] == 1
-    assert errors[f"counter {names.TRAIN_TOKENS.name}"] == 1
+    # Rejected before the counters (never exported), counted by field and reason.
+    runtime = _runtime.current()
+    assert runtime is not None
+    assert runtime.stats.rejected() == {("samples", "negative"): 1, ("tokens", "nan"): 1}
 
 
 def test_pipeline_local_counter_never_raises() -> None:

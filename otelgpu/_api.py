@@ -30,6 +30,12 @@ from otelgpu import _runtime
 from otelgpu._runtime import Runtime
 from otelgpu._settings import Settings, resolve
 from otelgpu.errors import ConfigurationError
+from otelgpu.runtime.records import (
+    DEFAULT_OPERATION,
+    DEFAULT_PROVIDER,
+    RequestRecord,
+    StepRecord,
+)
 
 _logger = logging.getLogger("otelgpu")
 _lock = threading.RLock()
@@ -301,29 +307,86 @@ def instrumentation() -> Instrumentation | None:
     return _handle
 
 
+# ========================================================================= span scope
+
+
+class _SpanScope:
+    """What ``StepContext`` and ``RequestContext`` share: a span made current for the
+    ``with`` block (sync or async), the block's times, and a finish that never raises.
+
+    Subclasses implement :meth:`_start` (the live span) and :meth:`_finish` (record the
+    step or request; ``exc`` is what left the block).
+    """
+
+    __slots__ = ("_runtime", "_span", "_start_ns", "_token", "end_ns")
+
+    _where = "scope"
+
+    def __init__(self) -> None:
+        self.end_ns: int | None = None
+        self._runtime: Runtime | None = None
+        self._span: trace.Span | None = None
+        self._token: object = None
+        self._start_ns = 0
+
+    @property
+    def duration_s(self) -> float | None:
+        """Duration in seconds once the block has ended."""
+        return None if self.end_ns is None else (self.end_ns - self._start_ns) / 1e9
+
+    def _start(self, runtime: Runtime) -> trace.Span:
+        raise NotImplementedError
+
+    def _exited(self, exc: BaseException | None) -> None:
+        """Runs at exit with or without a runtime (e.g. to set the outcome)."""
+
+    def _finish(self, runtime: Runtime, span: trace.Span, exc: BaseException | None) -> None:
+        raise NotImplementedError
+
+    def _enter(self) -> None:
+        runtime = _runtime.current()
+        self._start_ns = time.time_ns()
+        if runtime is None:
+            return
+        try:
+            span = self._start(runtime)
+            self._token = otel_context.attach(trace.set_span_in_context(span))
+            self._span = span
+            self._runtime = runtime
+        except Exception as exc:  # noqa: BLE001 - hot path
+            runtime.report_error(f"{self._where} enter", exc)
+
+    def _exit(self, exc: BaseException | None) -> None:
+        self.end_ns = time.time_ns()
+        self._exited(exc)
+        runtime, span = self._runtime, self._span
+        if runtime is None or span is None:
+            return
+        self._runtime = self._span = None
+        try:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+        except Exception as err:  # noqa: BLE001
+            runtime.report_error(f"{self._where} exit", err)
+        self._finish(runtime, span, exc)
+
+
 # =============================================================================== step
 
 
-class StepContext:
+class StepContext(_SpanScope):
     """``with otelgpu.step(samples=…, tokens=…) as s:`` -- one training step.
 
     On exit: a span ``otelgpu.train.step`` (step number, duration, samples/tokens and
     their throughput, GPU context of exactly that window, health events as span events),
     the duration into the ``otelgpu.train.step.duration`` sketch, and the counters.
     ``s.samples`` / ``s.tokens`` may be set inside the block (e.g. once the batch is known).
+    Counts that are out of range (negative, NaN, infinite, over 2**53) are dropped and
+    counted in ``otelgpu.internal.rejected``, never raised.
     """
 
-    __slots__ = (
-        "_runtime",
-        "_span",
-        "_start_ns",
-        "_token",
-        "attributes",
-        "end_ns",
-        "samples",
-        "step",
-        "tokens",
-    )
+    __slots__ = ("attributes", "samples", "step", "tokens")
+
+    _where = "step"
 
     def __init__(
         self,
@@ -333,35 +396,33 @@ class StepContext:
         step: int | None = None,
         attributes: Mapping[str, Any] | None = None,
     ) -> None:
+        super().__init__()
         self.samples = samples
         self.tokens = tokens
         self.step = step
         self.attributes = attributes
-        self.end_ns: int | None = None
-        self._runtime: Runtime | None = None
-        self._span: trace.Span | None = None
-        self._token: object = None
-        self._start_ns = 0
 
-    @property
-    def duration_s(self) -> float | None:
-        """Duration in seconds once the step has ended."""
-        return None if self.end_ns is None else (self.end_ns - self._start_ns) / 1e9
+    def _start(self, runtime: Runtime) -> trace.Span:
+        if self.step is None:
+            self.step = runtime.next_step_number()
+        return runtime.start_step_span(StepRecord(self._start_ns, self._start_ns))
+
+    def _finish(self, runtime: Runtime, span: trace.Span, exc: BaseException | None) -> None:
+        runtime.finish_step(
+            span,
+            StepRecord(
+                self._start_ns,
+                self.end_ns or self._start_ns,
+                step=self.step or 0,
+                samples=self.samples,
+                tokens=self.tokens,
+                attributes=self.attributes,
+                failed=exc,
+            ),
+        )
 
     def __enter__(self) -> StepContext:
-        runtime = _runtime.current()
-        self._start_ns = time.time_ns()
-        if runtime is None:
-            return self
-        try:
-            if self.step is None:
-                self.step = runtime.next_step_number()
-            span = runtime.tracer.start_span("otelgpu.train.step", start_time=self._start_ns)
-            self._token = otel_context.attach(trace.set_span_in_context(span))
-            self._span = span
-            self._runtime = runtime
-        except Exception as exc:  # noqa: BLE001 - hot path
-            runtime.report_error("step enter", exc)
+        self._enter()
         return self
 
     def __exit__(
@@ -370,25 +431,7 @@ class StepContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.end_ns = time.time_ns()
-        runtime, span = self._runtime, self._span
-        if runtime is None or span is None:
-            return
-        self._runtime = self._span = None
-        try:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
-        except Exception as err:  # noqa: BLE001
-            runtime.report_error("step exit", err)
-        runtime.finish_step(
-            span,
-            self._start_ns,
-            self.end_ns,
-            step=self.step or 0,
-            samples=self.samples,
-            tokens=self.tokens,
-            attributes=self.attributes,
-            failed=exc,
-        )
+        self._exit(exc)
 
     async def __aenter__(self) -> StepContext:
         return self.__enter__()
@@ -416,7 +459,7 @@ def step(
 # ============================================================================ request
 
 
-class RequestContext:
+class RequestContext(_SpanScope):
     """``with otelgpu.request(model=…) as r:`` -- one inference request.
 
     Inside the block: ``r.scheduled()`` (queue ends), ``r.first_token()``, ``r.tokens(n)``
@@ -425,6 +468,7 @@ class RequestContext:
     An exception leaving the block sets outcome ``error`` (``timeout`` for TimeoutError).
     On exit: a SERVER span ``{operation} {model}`` with TTFT, time per output token,
     tokens, queue time, outcome and the GPU context; the ``gen_ai.server.*`` sketches.
+    ``provider`` is ``gen_ai.provider.name`` (default ``DEFAULT_PROVIDER``, ``otelgpu``).
     """
 
     __slots__ = (
@@ -434,32 +478,29 @@ class RequestContext:
         "_outcome",
         "_output_tokens",
         "_queue_time_s",
-        "_runtime",
         "_scheduled_ns",
-        "_span",
-        "_start_ns",
-        "_token",
         "attributes",
-        "end_ns",
         "model",
         "operation",
         "provider",
     )
 
+    _where = "request"
+
     def __init__(
         self,
         model: str | None = None,
         *,
-        operation: str = "chat",
-        provider: str = "otelgpu",
+        operation: str = DEFAULT_OPERATION,
+        provider: str = DEFAULT_PROVIDER,
         queue_time_s: float | None = None,
         attributes: Mapping[str, Any] | None = None,
     ) -> None:
+        super().__init__()
         self.model = model
         self.operation = operation
         self.provider = provider
         self.attributes = attributes
-        self.end_ns: int | None = None
         self._queue_time_s = queue_time_s
         self._first_token_ns: int | None = None
         self._scheduled_ns: int | None = None
@@ -467,10 +508,6 @@ class RequestContext:
         self._input_tokens: int | None = None
         self._outcome = "ok"
         self._error_type: str | None = None
-        self._runtime: Runtime | None = None
-        self._span: trace.Span | None = None
-        self._token: object = None
-        self._start_ns = 0
 
     # ---------------------------------------------------------------- inside the block
     def scheduled(self) -> None:
@@ -522,29 +559,54 @@ class RequestContext:
         return self._output_tokens
 
     @property
-    def duration_s(self) -> float | None:
-        return None if self.end_ns is None else (self.end_ns - self._start_ns) / 1e9
-
-    @property
     def ttft_s(self) -> float | None:
         ft = self._first_token_ns
         return None if ft is None else (ft - self._start_ns) / 1e9
 
-    # ---------------------------------------------------------------- context manager
-    def __enter__(self) -> RequestContext:
-        runtime = _runtime.current()
-        self._start_ns = time.time_ns()
-        if runtime is None:
-            return self
-        try:
-            span = runtime.start_request_span(
-                self.model, self.operation, self.provider, self._start_ns
+    # ---------------------------------------------------------------- span scope
+    def _start(self, runtime: Runtime) -> trace.Span:
+        return runtime.start_request_span(
+            RequestRecord(
+                self._start_ns,
+                self._start_ns,
+                model=self.model,
+                operation=self.operation,
+                provider=self.provider,
             )
-            self._token = otel_context.attach(trace.set_span_in_context(span))
-            self._span = span
-            self._runtime = runtime
-        except Exception as exc:  # noqa: BLE001 - hot path
-            runtime.report_error("request enter", exc)
+        )
+
+    def _exited(self, exc: BaseException | None) -> None:
+        if exc is not None and self._outcome == "ok":
+            if isinstance(exc, TimeoutError):
+                self._outcome, self._error_type = "timeout", "timeout"
+            else:
+                self._outcome, self._error_type = "error", type(exc).__qualname__
+
+    def _finish(self, runtime: Runtime, span: trace.Span, exc: BaseException | None) -> None:
+        queue_time_s = self._queue_time_s
+        if queue_time_s is None and self._scheduled_ns is not None:
+            queue_time_s = (self._scheduled_ns - self._start_ns) / 1e9
+        runtime.finish_request(
+            span,
+            RequestRecord(
+                self._start_ns,
+                self.end_ns or self._start_ns,
+                model=self.model,
+                operation=self.operation,
+                provider=self.provider,
+                first_token_ns=self._first_token_ns,
+                output_tokens=self._output_tokens,
+                input_tokens=self._input_tokens,
+                queue_time_s=queue_time_s,
+                outcome=self._outcome,
+                error_type=self._error_type,
+                attributes=self.attributes,
+                exception=exc,
+            ),
+        )
+
+    def __enter__(self) -> RequestContext:
+        self._enter()
         return self
 
     def __exit__(
@@ -553,39 +615,7 @@ class RequestContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.end_ns = time.time_ns()
-        if exc is not None and self._outcome == "ok":
-            if isinstance(exc, TimeoutError):
-                self._outcome, self._error_type = "timeout", "timeout"
-            else:
-                self._outcome, self._error_type = "error", type(exc).__qualname__
-        runtime, span = self._runtime, self._span
-        if runtime is None or span is None:
-            return
-        self._runtime = self._span = None
-        try:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
-        except Exception as err:  # noqa: BLE001
-            runtime.report_error("request exit", err)
-        queue_time_s = self._queue_time_s
-        if queue_time_s is None and self._scheduled_ns is not None:
-            queue_time_s = (self._scheduled_ns - self._start_ns) / 1e9
-        runtime.finish_request(
-            span,
-            self._start_ns,
-            self.end_ns,
-            model=self.model,
-            operation=self.operation,
-            provider=self.provider,
-            first_token_ns=self._first_token_ns,
-            output_tokens=self._output_tokens,
-            input_tokens=self._input_tokens,
-            queue_time_s=queue_time_s,
-            outcome=self._outcome,
-            error_type=self._error_type,
-            attributes=self.attributes,
-            exception=exc,
-        )
+        self._exit(exc)
 
     async def __aenter__(self) -> RequestContext:
         return self.__enter__()
@@ -602,8 +632,8 @@ class RequestContext:
 def request(
     model: str | None = None,
     *,
-    operation: str = "chat",
-    provider: str = "otelgpu",
+    operation: str = DEFAULT_OPERATION,
+    provider: str = DEFAULT_PROVIDER,
     queue_time_s: float | None = None,
     attributes: Mapping[str, Any] | None = None,
 ) -> RequestContext:

@@ -44,6 +44,7 @@ CHILD = """
     import json, sys
     import otelgpu
     from otelgpu import _runtime
+    from otelgpu.runtime.records import RequestRecord, StepRecord
 
     data = json.load(open(sys.argv[1]))
     handle = otelgpu.instrument(
@@ -55,8 +56,8 @@ CHILD = """
     half = len(data["steps"]) // 2
     for part in (slice(0, half), slice(half, None)):
         for step_ns, request_ns in zip(data["steps"][part], data["requests"][part]):
-            runtime.record_step(t, t + step_ns)
-            runtime.record_request(t, t + request_ns, model="llama", output_tokens=8)
+            runtime.record_step(StepRecord(t, t + step_ns))
+            runtime.record_request(RequestRecord(t, t + request_ns, model="llama", output_tokens=8))
             t += step_ns
         if part.start == 0:
             handle.force_flush()  # a mid-run cumulative export

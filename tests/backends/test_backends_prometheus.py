@@ -33,6 +33,7 @@ from fixtures.sim import SMALL_SCENARIO
 
 import otelgpu
 from otelgpu import sim
+from otelgpu.runtime.records import RequestRecord, StepRecord
 from otelgpu.sketch import QuantileSketch
 
 pytestmark = [pytest.mark.backend, pytest.mark.usefixtures("reset_otel_globals")]
@@ -163,11 +164,11 @@ def test_backends_prometheus_scrapes_gpu_metrics_and_quantiles(
     t0 = 1_700_000_000_000_000_000
     start = t0
     for duration in steps_ns:
-        runtime.record_step(start, start + duration)
+        runtime.record_step(StepRecord(start, start + duration))
         start += duration
     requests_ns = [int(d * 3.1) + 1_000_000 for d in steps_ns[:500]]
     for duration in requests_ns:
-        runtime.record_request(t0, t0 + duration, model="tiny", output_tokens=4)
+        runtime.record_request(RequestRecord(t0, t0 + duration, model="tiny", output_tokens=4))
 
     util = wait_until(lambda: prom.query("hw_gpu_utilization"), 20)
     assert util, prom.log()

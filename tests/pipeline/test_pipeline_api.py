@@ -20,6 +20,7 @@ from opentelemetry.trace import StatusCode
 import otelgpu
 from otelgpu import _runtime
 from otelgpu.metrics import catalog as names
+from otelgpu.runtime.records import RequestRecord, StepRecord
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
@@ -122,7 +123,13 @@ def test_pipeline_time_per_output_token_formula(app: App) -> None:
     runtime = _runtime_now()
     start = time.time_ns()
     span = runtime.record_request(
-        start, start + 1_100_000_000, model="m", ttft_s=0.1, output_tokens=11
+        RequestRecord(
+            start,
+            start + 1_100_000_000,
+            model="m",
+            first_token_ns=start + 100_000_000,
+            output_tokens=11,
+        )
     )
     attrs = span.attributes  # type: ignore[attr-defined]
     assert attrs["otelgpu.request.time_to_first_token"] == pytest.approx(0.1)
@@ -135,7 +142,12 @@ def test_pipeline_record_step_contract(app: App) -> None:
     runtime = _runtime_now()
     start = time.time_ns()
     span = runtime.record_step(
-        start, start + 50_000_000, samples=64, data_wait_s=0.01, **{"custom.key": "v"}
+        StepRecord(
+            start,
+            start + 50_000_000,
+            samples=64,
+            span_attributes={"otelgpu.train.data_wait_s": 0.01, "custom.key": "v"},
+        )
     )
     (finished,) = app.finished(names.STEP_SPAN)
     assert finished.context.span_id == span.get_span_context().span_id
@@ -353,12 +365,14 @@ def test_pipeline_gpu_context_restricted_to_devices(app: App) -> None:
     assert everything["otelgpu.gpu.ids"] == ["GPU-a", "GPU-b", "GPU-c"]
     assert everything["otelgpu.gpu.utilization.mean"] == pytest.approx(0.6)
     assert everything["otelgpu.gpu.energy"] == pytest.approx(30.0)
-    runtime.record_request(start, start + 10**6, model="m", devices=["GPU-c", "GPU-b"])
+    runtime.record_request(
+        RequestRecord(start, start + 10**6, model="m", devices=["GPU-c", "GPU-b"])
+    )
     (span,) = app.finished("chat m")
     assert span.attributes["otelgpu.gpu.ids"] == ("GPU-c", "GPU-b")
     assert span.attributes["otelgpu.gpu.utilization.mean"] == pytest.approx(0.85)
     assert [e.attributes["hw.id"] for e in span.events] == ["GPU-c"]
-    runtime.record_step(start, start + 10**6, devices=["GPU-a"])
+    runtime.record_step(StepRecord(start, start + 10**6, devices=["GPU-a"]))
     (step,) = app.finished(names.STEP_SPAN)
     assert step.attributes["hw.id"] == "GPU-a"
     assert step.attributes["otelgpu.gpu.utilization.max"] == pytest.approx(0.1)

@@ -23,9 +23,12 @@ from opentelemetry.trace import INVALID_SPAN
 
 import otelgpu
 from otelgpu import _runtime
+from otelgpu.metrics import catalog
 from otelgpu.otel.counters import LocalCounter
 from otelgpu.otel.sketches import SketchHistogram, freeze
 from otelgpu.otel.stats import InternalStats
+from otelgpu.runtime import requests
+from otelgpu.runtime.records import RequestRecord
 from otelgpu.sketch import QuantileSketch
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
@@ -154,15 +157,17 @@ def test_pipeline_unsampled_spans_still_record_metrics(unsampled: InMemorySpanEx
     assert s.duration_s is not None and r.duration_s is not None
     assert unsampled.get_finished_spans() == ()
     assert runtime.step_duration.merged().count == 1
-    assert runtime._samples.value({"job": "j"}) == 8
-    assert runtime._tokens.value({"job": "j"}) == 100
+    assert runtime.instrument(catalog.TRAIN_SAMPLES).value({"job": "j"}) == 8
+    assert runtime.instrument(catalog.TRAIN_TOKENS).value({"job": "j"}) == 100
     base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "otelgpu"}
     base["gen_ai.request.model"] = "m"
     assert runtime.ttft.merged().count == runtime.tpot.merged().count == 1
     assert runtime.queue_duration.merged().max == pytest.approx(0.5, rel=0.01)
-    assert runtime._requests.value({**base, "otelgpu.request.outcome": "ok"}) == 1
-    assert runtime._out_tokens.value({**base, "gen_ai.token.type": "output"}) == 3
-    assert runtime._out_tokens.value({**base, "gen_ai.token.type": "input"}) == 7
+    requests_ = runtime.instrument(catalog.REQUESTS)
+    assert requests_.value({**base, "otelgpu.request.outcome": "ok"}) == 1
+    tokens_ = runtime.instrument(catalog.OUTPUT_TOKENS)
+    assert tokens_.value({**base, "gen_ai.token.type": "output"}) == 3
+    assert tokens_.value({**base, "gen_ai.token.type": "input"}) == 7
 
 
 def test_pipeline_request_label_cache_is_bounded_and_exact(reset_otel_globals: None) -> None:
@@ -178,18 +183,25 @@ def test_pipeline_request_label_cache_is_bounded_and_exact(reset_otel_globals: N
     try:
         runtime = _runtime.current()
         assert runtime is not None
-        models = [f"m{i}" for i in range(_runtime._LABEL_CACHE_SIZE + 44)]
+        models = [f"m{i}" for i in range(requests._LABEL_CACHE_SIZE + 44)]
         for _ in range(2):
             for model in models:
-                runtime.record_request(0, 2_000_000, model=model, output_tokens=2, ttft_s=0.001)
-        runtime.record_request(0, 1_000_000, model="m0", outcome="timeout", error_type="timeout")
-        assert len(runtime._label_cache) <= _runtime._LABEL_CACHE_SIZE
+                runtime.record_request(
+                    RequestRecord(
+                        0, 2_000_000, model=model, output_tokens=2, first_token_ns=1_000_000
+                    )
+                )
+        runtime.record_request(
+            RequestRecord(0, 1_000_000, model="m0", outcome="timeout", error_type="timeout")
+        )
+        assert len(runtime.requests._label_cache) <= requests._LABEL_CACHE_SIZE
         base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "otelgpu"}
         for model in ("m0", models[-1]):
             ok = {**base, "gen_ai.request.model": model, "otelgpu.request.outcome": "ok"}
-            assert runtime._requests.value(ok) == 2
+            requests_ = runtime.instrument(catalog.REQUESTS)
+            assert requests_.value(ok) == 2
         timeout = {**base, "gen_ai.request.model": "m0", "otelgpu.request.outcome": "timeout"}
-        assert runtime._requests.value(timeout) == 1
+        assert requests_.value(timeout) == 1
         durations = {
             (a.get("gen_ai.request.model"), a.get("error.type")): s.count
             for a, s in runtime.request_duration.series()
@@ -199,7 +211,9 @@ def test_pipeline_request_label_cache_is_bounded_and_exact(reset_otel_globals: N
         assert len(durations) == len(models) + 1
         assert runtime.tpot.merged().count == 2 * len(models)
         # An attribute value the metrics cannot key is reported, never raised.
-        span = runtime.record_request(0, 1_000_000, model="m0", attributes={"bad": {"x": 1}})
+        span = runtime.record_request(
+            RequestRecord(0, 1_000_000, model="m0", attributes={"bad": {"x": 1}})
+        )
         assert span is not INVALID_SPAN
         assert runtime.stats.errors().get("counter otelgpu.inference.requests") == 1
     finally:
@@ -212,21 +226,35 @@ def test_pipeline_request_labels_follow_attribute_values(app_runtime: _runtime.R
     runtime = app_runtime
     tags = ["a"]
     attrs: dict[str, Any] = {"engine": "e0", "tags": tags}
-    runtime.record_request(0, 1_000_000, model="m", attributes=attrs, output_tokens=1)
+    runtime.record_request(
+        RequestRecord(0, 1_000_000, model="m", attributes=attrs, output_tokens=1)
+    )
     tags.append("b")  # the caller mutates its list and dict: new values, new series
     attrs["engine"] = "e1"
-    runtime.record_request(0, 1_000_000, model="m", attributes=attrs, output_tokens=2)
     runtime.record_request(
-        0, 1_000_000, model="m", attributes={"engine": "e1", "tags": ["a", "b"]}, output_tokens=4
+        RequestRecord(0, 1_000_000, model="m", attributes=attrs, output_tokens=2)
     )
-    runtime.record_request(0, 1_000_000, model="m", attributes=attrs, outcome="timeout")
+    runtime.record_request(
+        RequestRecord(
+            0,
+            1_000_000,
+            model="m",
+            attributes={"engine": "e1", "tags": ["a", "b"]},
+            output_tokens=4,
+        )
+    )
+    runtime.record_request(
+        RequestRecord(0, 1_000_000, model="m", attributes=attrs, outcome="timeout")
+    )
     base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "otelgpu"}
     base["gen_ai.request.model"] = "m"
     first = {**base, "engine": "e0", "tags": ["a"]}
     second = {**base, "engine": "e1", "tags": ["a", "b"]}
-    assert runtime._out_tokens.value({**first, "gen_ai.token.type": "output"}) == 1
-    assert runtime._out_tokens.value({**second, "gen_ai.token.type": "output"}) == 6
-    assert runtime._requests.value({**second, "otelgpu.request.outcome": "timeout"}) == 1
+    tokens_ = runtime.instrument(catalog.OUTPUT_TOKENS)
+    assert tokens_.value({**first, "gen_ai.token.type": "output"}) == 1
+    assert tokens_.value({**second, "gen_ai.token.type": "output"}) == 6
+    requests_ = runtime.instrument(catalog.REQUESTS)
+    assert requests_.value({**second, "otelgpu.request.outcome": "timeout"}) == 1
     series = sorted(
         (dict(a).get("error.type") or "", tuple(a["tags"]), s.count)
         for a, s in runtime.request_duration.series()

@@ -47,6 +47,7 @@ from otelgpu.instrumentation.torch._memory import CudaMemory
 from otelgpu.instrumentation.torch._session import Session
 from otelgpu.instrumentation.torch._telemetry import Telemetry
 from otelgpu.instrumentation.torch.package import _instruments
+from otelgpu.runtime.api import RuntimeAPI
 
 if importlib.util.find_spec("torch") is None:  # pragma: no cover - depends on the machine
     raise ModuleNotFoundError("No module named 'torch'", name="torch")
@@ -153,8 +154,9 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         global _active, _atexit_registered
         settings = resolve(kwargs)
+        runtime: RuntimeAPI | None = kwargs.get("runtime")
         telemetry = Telemetry(
-            kwargs.get("runtime"),
+            None if runtime is None else (lambda: runtime),
             span_every=settings.span_every,
             memory_factory=_memory_factory(settings),
         )

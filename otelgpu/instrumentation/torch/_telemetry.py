@@ -34,15 +34,25 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import INVALID_SPAN
 
 from otelgpu.instrumentation.torch import _names as N
+from otelgpu.instrumentation.torch import _steps
 from otelgpu.instrumentation.torch._cuda_events import PENDING_LIMIT, CudaEventTimer, Resolved
 from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
-from otelgpu.instrumentation.torch._steps import StepRecord
 from otelgpu.metrics import catalog as C
 from otelgpu.metrics.spec import MetricSpec
+from otelgpu.runtime.api import RuntimeAPI
+from otelgpu.runtime.records import StepRecord
 
 __all__ = ["RATIO_WINDOW", "Telemetry"]
+
+
+def _current_runtime() -> RuntimeAPI | None:
+    from otelgpu import _runtime
+
+    return _runtime.current()
+
 
 _logger = logging.getLogger("otelgpu.torch")
 
@@ -107,8 +117,9 @@ class Telemetry:
     """The :class:`~._patch.Sink` of the torch hooks, backed by a Runtime.
 
     Args:
-        runtime: a Runtime, or a zero-argument callable returning the current one (or
-            None: measurements are dropped until a runtime exists).
+        runtime: a zero-argument callable returning the current runtime, or None
+            (measurements are dropped until a runtime exists); default
+            ``otelgpu._runtime.current``.
         span_every: emit a span for every n-th step (metrics cover every step).
         memory: a :class:`CudaMemory` reader, or None.
         ddp_modules: DDP modules whose own comm timing is read.
@@ -116,15 +127,15 @@ class Telemetry:
 
     def __init__(
         self,
-        runtime: Any | Callable[[], Any],
+        runtime: Callable[[], RuntimeAPI | None] | None = None,
         *,
         span_every: int = 1,
         memory_factory: Callable[[Callable[[dict[str, object]], None]], CudaMemory | None]
         | None = None,
         ddp_modules: Iterable[Any] = (),
     ) -> None:
-        self._runtime_source = runtime
-        self._runtime: Any = None
+        self._runtime_source = runtime or _current_runtime
+        self._runtime: RuntimeAPI | None = None
         self.span_every = span_every
         self._memory_factory = memory_factory
         self.memory: CudaMemory | None = None
@@ -140,7 +151,7 @@ class Telemetry:
         self.add_event: Callable[[str, dict[str, object]], None] | None = None
         self.enabled = True
         self.steps_seen = 0
-        self._queue: deque[StepRecord] = deque()
+        self._queue: deque[_steps.StepRecord] = deque()
         self._dropped = 0
         self._drain_lock = threading.Lock()
         self._worker_lock = threading.Lock()
@@ -153,28 +164,20 @@ class Telemetry:
 
     # ------------------------------------------------------------------ runtime
 
-    def runtime(self) -> Any:
+    def runtime(self) -> RuntimeAPI | None:
         """The runtime (resolved once); None while otelgpu is not instrumented."""
         rt = self._runtime
-        if rt is not None and not getattr(rt, "closed", False):
+        if rt is not None and not rt.closed:
             return rt
-        source = self._runtime_source
-        if source is None:
-            from otelgpu import _runtime
-
-            rt = _runtime.current()
-        elif callable(source) and not hasattr(source, "record_step"):
-            rt = source()
-        else:
-            rt = source
-        if rt is not None and getattr(rt, "closed", False):
+        rt = self._runtime_source()
+        if rt is not None and rt.closed:
             rt = None
         if rt is not None and rt is not self._runtime:
             self._runtime = rt
             self._inst = None
         return rt
 
-    def _instruments(self, rt: Any) -> dict[str, Any]:
+    def _instruments(self, rt: RuntimeAPI) -> dict[str, Any]:
         inst = self._inst
         if inst is not None:
             return inst
@@ -246,7 +249,7 @@ class Telemetry:
 
     # ------------------------------------------------------------------ steps
 
-    def step(self, record: StepRecord) -> None:
+    def step(self, record: _steps.StepRecord) -> None:
         """Queues one finished step (training thread: an append, < 1 µs).
 
         The span and metrics are made by a background thread (:meth:`drain` also runs
@@ -296,9 +299,8 @@ class Telemetry:
             dropped, self._dropped = self._dropped, 0
         if dropped:
             rt = self._runtime
-            stats = getattr(rt, "stats", None)
-            if stats is not None:
-                stats.add_dropped("torch_steps", "queue_full", dropped)
+            if rt is not None:
+                rt.stats.add_dropped("torch_steps", "queue_full", dropped)
 
     def _poll_gpu(self, timer: CudaEventTimer) -> None:
         """Resolves finished CUDA events (non-blocking) into metrics; keeps them for spans."""
@@ -308,9 +310,7 @@ class Telemetry:
         if rt is None:
             return
         if dropped:
-            stats = getattr(rt, "stats", None)
-            if stats is not None:
-                stats.add_dropped("torch_cuda_events", "queue_full", dropped)
+            rt.stats.add_dropped("torch_cuda_events", "queue_full", dropped)
         if not got.ops and not got.steps:
             return
         inst = self._instruments(rt)
@@ -325,7 +325,7 @@ class Telemetry:
             for step in sorted(self._gpu_steps)[:-PENDING_LIMIT]:
                 del self._gpu_steps[step]
 
-    def _gpu_fields(self, record: StepRecord, fields: dict[str, Any]) -> None:
+    def _gpu_fields(self, record: _steps.StepRecord, fields: dict[str, Any]) -> None:
         """GPU comm time and GPU step time of ``record``, when resolved in time.
 
         A collective belongs to the step whose host window holds its call's start (as
@@ -362,7 +362,7 @@ class Telemetry:
         self.drain()
         self._remove_gauges()
 
-    def _record_step(self, record: StepRecord) -> None:
+    def _record_step(self, record: _steps.StepRecord) -> None:
         """One finished step: span (every ``span_every``), metrics, ratio ring."""
         rt = self.runtime()
         if rt is None:
@@ -409,41 +409,29 @@ class Telemetry:
 
     def _emit(
         self,
-        rt: Any,
-        record: StepRecord,
+        rt: RuntimeAPI,
+        record: _steps.StepRecord,
         fields: dict[str, Any],
         events: list[tuple[str, int, dict[str, object]]],
         *,
         sampled: bool,
     ) -> None:
-        finish = getattr(rt, "finish_step", None)
-        if finish is None:  # minimal runtime: record_step only (a span for every step)
-            rt.record_step(
-                record.start_ns,
-                record.end_ns,
-                step=record.step,
-                samples=record.samples,
-                tokens=record.tokens,
-                **fields,
-            )
-            return
-        if sampled:
-            span = rt.tracer.start_span(C.STEP_SPAN, start_time=record.start_ns, attributes=fields)
-            if events and span.is_recording():
-                for name, t_ns, attrs in events:
-                    span.add_event(name, attrs, timestamp=t_ns)
-        else:
-            from opentelemetry.trace import INVALID_SPAN
-
-            span = INVALID_SPAN
-        finish(
-            span,
+        step = StepRecord(
             record.start_ns,
             record.end_ns,
             step=record.step,
             samples=record.samples,
             tokens=record.tokens,
+            span_attributes=fields,
         )
+        if sampled:
+            span = rt.start_step_span(step)
+            if events and span.is_recording():
+                for name, t_ns, attrs in events:
+                    span.add_event(name, attrs, timestamp=t_ns)  # type: ignore[arg-type]
+        else:
+            span = INVALID_SPAN
+        rt.finish_step(span, step)
 
     def probe(self) -> tuple[MemorySnapshot, int, int] | None:
         """Allocator statistics at the moment a step closes (the tracker's probe).
@@ -467,7 +455,7 @@ class Telemetry:
     def _memory_fields(
         self,
         inst: dict[str, Any],
-        record: StepRecord,
+        record: _steps.StepRecord,
         events: list[tuple[str, int, dict[str, object]]],
     ) -> MemorySnapshot | None:
         """Memory attributes for the span; OOM events get the allocator state added."""

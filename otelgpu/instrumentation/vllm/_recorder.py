@@ -31,13 +31,12 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind
 
 from otelgpu.instrumentation.vllm import _names as n
@@ -46,6 +45,8 @@ from otelgpu.instrumentation.vllm._devices import EnginePlacement
 from otelgpu.instrumentation.vllm._fields import FieldReader
 from otelgpu.metrics import catalog as C
 from otelgpu.metrics.spec import MetricSpec
+from otelgpu.runtime.api import RuntimeAPI
+from otelgpu.runtime.records import RequestRecord
 
 _logger = logging.getLogger("otelgpu.instrumentation.vllm")
 
@@ -95,26 +96,6 @@ _PHASE_SLACK_S = 0.010
 _NS = 1_000_000_000
 
 
-class RuntimeLike(Protocol):
-    """The part of ``otelgpu._runtime.Runtime`` the recorder uses."""
-
-    @property
-    def tracer(self) -> trace.Tracer: ...
-
-    @property
-    def meter(self) -> Meter: ...
-
-    def instrument(self, spec: MetricSpec, callback: Any = None) -> Any: ...
-
-    def record_request(self, start_ns: int, end_ns: int, **fields: Any) -> Any: ...
-
-    def annotate(
-        self, span: Any, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
-    ) -> None: ...
-
-    def report_error(self, where: str, exc: BaseException | None = None) -> None: ...
-
-
 OPERATION = "text_completion"
 """``gen_ai.operation.name`` of engine requests: the engine sees a rendered prompt, whether
 the HTTP route was ``/v1/chat/completions`` or ``/v1/completions``."""
@@ -138,7 +119,7 @@ class EngineRecorder:
     """Records one vLLM engine's stats into a runtime. See the module docstring.
 
     Args:
-        runtime: an ``otelgpu._runtime.Runtime`` (or anything with the same members).
+        runtime: the runtime (``otelgpu.runtime.api.RuntimeAPI``).
         placement: the engine's index and GPUs (``_devices.engine_placement``).
         model_name: ``gen_ai.request.model`` (vLLM's served model name).
         registry: where the ``add_request`` wrappers left each request's parent context.
@@ -148,7 +129,7 @@ class EngineRecorder:
 
     def __init__(
         self,
-        runtime: RuntimeLike,
+        runtime: RuntimeAPI,
         placement: EnginePlacement,
         model_name: str | None,
         *,
@@ -324,23 +305,24 @@ class EngineRecorder:
             extra["otelgpu.vllm.prefill_time"] = prefill
         if decode is not None:
             extra["otelgpu.vllm.decode_time"] = decode
-        if self.gpu_uuids:  # GPU context of this engine's GPUs only
-            extra["devices"] = self.gpu_uuids
         self.runtime.record_request(
-            start_ns,
-            end_ns,
-            model=self.model_name,
-            operation=OPERATION,
-            provider=n.PROVIDER,
-            context=parent if parent is not None else Context(),
-            first_token_ns=first_token_ns,
-            output_tokens=n_out,
-            input_tokens=f.integer(req, "num_prompt_tokens"),
-            queue_time_s=queued,
-            outcome=outcome,
-            error_type=error_type,
-            attributes=self.engine_attributes,
-            **extra,
+            RequestRecord(
+                start_ns,
+                end_ns,
+                model=self.model_name,
+                operation=OPERATION,
+                provider=n.PROVIDER,
+                context=parent if parent is not None else Context(),
+                first_token_ns=first_token_ns,
+                output_tokens=n_out,
+                input_tokens=f.integer(req, "num_prompt_tokens"),
+                queue_time_s=queued,
+                outcome=outcome,
+                error_type=error_type,
+                attributes=self.engine_attributes,
+                span_attributes=extra,
+                devices=self.gpu_uuids or None,  # GPU context of this engine's GPUs only
+            )
         )
         self.requests_recorded += 1
 

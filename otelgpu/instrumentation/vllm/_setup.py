@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from otelgpu.errors import ConfigurationError
 from otelgpu.instrumentation.vllm import _context, _devices
 from otelgpu.instrumentation.vllm import environment_variables as ev
-from otelgpu.instrumentation.vllm._recorder import EngineRecorder, RecorderOptions, RuntimeLike
+from otelgpu.instrumentation.vllm._recorder import EngineRecorder, RecorderOptions
+from otelgpu.runtime.api import RuntimeAPI
 
 _logger = logging.getLogger("otelgpu.instrumentation.vllm")
 
@@ -81,7 +82,7 @@ def vllm_owns_global_tracer_provider() -> bool:
 
 def current_runtime(
     start: bool = True, environ: Mapping[str, str] | None = None
-) -> RuntimeLike | None:
+) -> RuntimeAPI | None:
     """The active otelgpu runtime; with ``start``, ``otelgpu.instrument()`` when there is none.
 
     When vLLM's own tracing owns the global tracer provider, otelgpu is started with
@@ -140,7 +141,7 @@ def build_recorder(
     vllm_config: object,
     engine_index: int,
     *,
-    runtime: RuntimeLike | None = None,
+    runtime: RuntimeAPI | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> EngineRecorder | None:
     """A recorder for engine ``engine_index``, or ``None`` when otelgpu is disabled.

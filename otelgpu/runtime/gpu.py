@@ -1,0 +1,85 @@
+"""GPU context of a time window: span attributes and health events from the sampler.
+
+Thread-safe (the sampler's queries are); never raises (errors are reported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from otelgpu.otel import gpu_context
+
+ReportError = Callable[[str, BaseException], None]
+
+
+class GpuContext:
+    """Reads the window statistics and events of a ``GpuSampler`` (or nothing without one)."""
+
+    def __init__(self, sampler: Any, report_error: ReportError) -> None:
+        self.sampler = sampler
+        self._report_error = report_error
+
+    def attributes(
+        self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """GPU context of ``[start_ns, end_ns]`` as span attributes ({} without a sampler).
+
+        ``devices`` (UUIDs) restricts it to those GPUs, in that order (e.g. one vLLM
+        engine's tensor-parallel group); default: every sampled GPU.
+        """
+        sampler = self.sampler
+        if sampler is None:
+            return {}
+        try:
+            windows = sampler.windows(start_ns, end_ns)
+            if devices is not None:
+                windows = {u: windows[u] for u in devices if u in windows}
+            return gpu_context.window_attributes(windows)
+        except Exception as exc:  # noqa: BLE001 - GPU context is best effort
+            self._report_error("gpu window", exc)
+            return {}
+
+    def events(self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None) -> list[Any]:
+        """GPU health events (``GpuEvent``) in ``[start_ns, end_ns]`` (of ``devices`` only)."""
+        sampler = self.sampler
+        if sampler is None:
+            return []
+        try:
+            events = sampler.events(start_ns, end_ns)
+            if not events:  # the common case: nothing to filter or copy
+                return []
+            events = list(events)
+        except Exception as exc:  # noqa: BLE001
+            self._report_error("gpu events", exc)
+            return []
+        if devices is not None:
+            wanted = set(devices)
+            events = [e for e in events if getattr(e, "uuid", None) in wanted]
+        return events
+
+    def add_events(
+        self, span: Span, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+    ) -> None:
+        """GPU health events of the window as span events (timestamped when they happened)."""
+        if self.sampler is None:
+            return
+        for event in self.events(start_ns, end_ns, devices):
+            span.add_event(
+                "otelgpu.gpu." + gpu_context.event_kind(event),
+                gpu_context.event_attributes(event),
+                timestamp=gpu_context.event_time_ns(event),
+            )
+
+    def annotate(
+        self, span: Span, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+    ) -> None:
+        """Add the GPU context and health events of the window to a live span."""
+        if self.sampler is None or not span.is_recording():
+            return
+        attrs = self.attributes(start_ns, end_ns, devices)
+        if attrs:
+            span.set_attributes(attrs)
+        self.add_events(span, start_ns, end_ns, devices)

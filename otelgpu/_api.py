@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 
@@ -24,6 +24,9 @@ from otelgpu._contexts import RequestContext, StepContext, request, step
 from otelgpu._runtime import Runtime
 from otelgpu._settings import Settings, resolve
 from otelgpu.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from otelgpu.otel.resource import GpuInventory
 
 _logger = logging.getLogger("otelgpu")
 _lock = threading.RLock()
@@ -130,7 +133,7 @@ _SAMPLER_SETTINGS = {
 }
 
 
-def _register_gpu_metrics(runtime: Runtime) -> None:
+def _register_gpu_metrics(runtime: Runtime, inventory: GpuInventory | None) -> None:
     if runtime.sampler is None:
         return
     try:
@@ -139,7 +142,7 @@ def _register_gpu_metrics(runtime: Runtime) -> None:
         _logger.info("otelgpu: GPU metrics unavailable (%s)", exc)
         return
     try:
-        register_gpu_metrics(runtime, runtime.sampler)
+        register_gpu_metrics(runtime, runtime.sampler, inventory.devices if inventory else None)
     except Exception as exc:  # noqa: BLE001
         runtime.report_error("register_gpu_metrics", exc)
 
@@ -214,7 +217,7 @@ def _build(
         sketches=sketches,
         internal_meter_provider=pipeline.internal_meter_provider,
     )
-    _register_gpu_metrics(runtime)
+    _register_gpu_metrics(runtime, inventory)
     return runtime
 
 

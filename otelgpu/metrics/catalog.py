@@ -29,6 +29,20 @@ _DEV = Status.SEMCONV_DEVELOPMENT
 DEVICE_ATTRIBUTES = ("hw.id", "hw.name", "hw.vendor", "hw.type")
 """Attributes of every per-device GPU series."""
 
+RECOMMENDED_DEVICE_ATTRIBUTES = (
+    "hw.model",
+    "hw.driver_version",
+    "hw.firmware_version",
+    "hw.serial_number",
+)
+"""Also on every per-device GPU series, where NVML can read them (semconv recommended)."""
+
+GPU_TASKS = ("general", "encoder", "decoder")
+"""Values of ``hw.gpu.task`` on ``hw.gpu.utilization``."""
+
+HW_STATES = ("ok", "degraded", "predicted_failure", "failed")
+"""Values of ``hw.state`` on ``hw.status`` (exactly one is 1 per device)."""
+
 
 def _gpu(
     name: str,
@@ -58,7 +72,8 @@ GPU_UTILIZATION = _gpu(
     "hw.gpu.utilization",
     _OGAUGE,
     "1",
-    "Fraction of time one or more kernels was executing (NVML utilization / 100).",
+    "Fraction of time the GPU was busy, per task: general (one or more kernels executing), "
+    "encoder, decoder (NVML utilization / 100; encoder/decoder where the sampler reads them).",
     ("hw.gpu.task",),
     semconv=True,
     source="nvmlDeviceGetUtilizationRates",
@@ -134,10 +149,13 @@ STATUS = _gpu(
     "hw.status",
     _OUPDOWN,
     "1",
-    "1 for the device's current state (ok, failed once the GPU is lost), 0 otherwise.",
+    "1 for the device's current state, 0 for the others: failed (GPU lost), "
+    "predicted_failure (row remap failure, or uncorrected ECC errors rising since the "
+    "previous collection), degraded (clocks reduced for a hardware reason: hardware "
+    "slowdown, hardware thermal slowdown or power brake; or a row remap pending), else ok.",
     ("hw.state",),
     semconv=True,
-    source="sampler (device lost)",
+    source="sampler (device lost, clock-event reasons, ECC, remapped rows)",
 )
 MEMORY_CONTROLLER_UTILIZATION = _gpu(
     "otelgpu.gpu.memory_controller.utilization",
@@ -154,12 +172,12 @@ MEMORY_WATERMARK = _gpu(
     source="sampler window",
 )
 CLOCK_SM = _gpu(
-    "otelgpu.gpu.clock.sm", _OGAUGE, "MHz", "SM clock frequency.", source="nvmlDeviceGetClockInfo"
+    "otelgpu.gpu.clock.sm", _OGAUGE, "Hz", "SM clock frequency.", source="nvmlDeviceGetClockInfo"
 )
 CLOCK_MEMORY = _gpu(
     "otelgpu.gpu.clock.memory",
     _OGAUGE,
-    "MHz",
+    "Hz",
     "Memory clock frequency.",
     source="nvmlDeviceGetClockInfo",
 )
@@ -198,16 +216,17 @@ NVLINK_IO = _gpu(
     source="nvmlDeviceGetFieldValues (NVLink throughput)",
 )
 FAN_SPEED = _gpu(
-    "otelgpu.gpu.fan.speed",
+    "hw.fan.speed_ratio",
     _OGAUGE,
     "1",
-    "Fan speed as a fraction of its maximum.",
+    "Fan speed as a fraction of its maximum (the GPU's fan; hw.type stays gpu).",
+    semconv=True,
     source="nvmlDeviceGetFanSpeed",
 )
 PSTATE = _gpu(
     "otelgpu.gpu.pstate",
     _OGAUGE,
-    "1",
+    "{pstate}",
     "Performance state (0 = maximum performance, 15 = minimum).",
     source="nvmlDeviceGetPerformanceState",
 )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -41,21 +41,42 @@ _XID_LAG_NS = 50_000_000  # events are counted once they are 50 ms old (no push 
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
+_UTILIZATION_TASKS = (
+    ("gpu_util_pct", "general"),
+    ("encoder_util_pct", "encoder"),
+    ("decoder_util_pct", "decoder"),
+)
+"""Sample field (percent) -> ``hw.gpu.task``."""
+
+_HARDWARE_THROTTLE = sum(
+    bit
+    for bit, name in F.REASON_NAMES.items()
+    if name in ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+)
+"""Clock-event reasons that make a device ``degraded`` (a hardware reason)."""
+
 
 class GpuMetricsHandle:
     """The instruments created by :func:`register_gpu_metrics`; ``unregister()`` stops them."""
 
-    def __init__(self, instruments: _Instrumenting, sampler: BaseGpuSampler) -> None:
+    def __init__(
+        self,
+        instruments: _Instrumenting,
+        sampler: BaseGpuSampler,
+        device_attributes: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self._sampler = sampler
         self._enabled = True
         self._lock = threading.Lock()
         self._failed: set[str] = set()
-        self._attrs = {d.uuid: d.attributes() for d in sampler.devices}
+        extra = device_attributes or {}
+        self._attrs = {d.uuid: {**d.attributes(), **extra.get(d.uuid, {})} for d in sampler.devices}
         self._snapshot: dict[str, GpuSample | None] = {}
         self._snapshot_ns = -_SNAPSHOT_TTL_NS
         self._since: dict[tuple[str, str], int] = {}
         self._throttle_prev: dict[str, tuple[int, dict[str, int]]] = {}
         self._xid_counts: dict[tuple[str, int], int] = {}
+        self._ecc_seen: dict[str, int] = {}
         self._xid_cursor_ns = 0
         callbacks: dict[str, Callable[[], Iterable[Observation]]] = {
             N.GPU_UTILIZATION.name: self._utilization,
@@ -149,7 +170,11 @@ class GpuMetricsHandle:
                 yield Observation(value * scale if scale != 1.0 else value, {**attrs, **extra})
 
     def _utilization(self) -> Iterable[Observation]:
-        return self._gauge("gpu_util_pct", 0.01, **{"hw.gpu.task": "general"})
+        for _uuid, attrs, s in self._samples():
+            for field, task in _UTILIZATION_TASKS:
+                value = getattr(s, field, None)  # encoder/decoder: where the sampler has them
+                if value is not None:
+                    yield Observation(value * 0.01, {**attrs, "hw.gpu.task": task})
 
     def _memory_usage(self) -> Iterable[Observation]:
         return self._gauge("memory_used_bytes")
@@ -192,10 +217,31 @@ class GpuMetricsHandle:
                     yield Observation(value, {**attrs, "error.type": kind})
 
     def _status(self) -> Iterable[Observation]:
+        latest = {u: s for u, _attrs, s in self._samples()}
         for uuid, attrs in self._attrs.items():
-            lost = self._sampler.lost(uuid)
-            yield Observation(0 if lost else 1, {**attrs, "hw.state": "ok"})
-            yield Observation(1 if lost else 0, {**attrs, "hw.state": "failed"})
+            state = self._state(uuid, latest.get(uuid))
+            for value in N.HW_STATES:
+                yield Observation(1 if value == state else 0, {**attrs, "hw.state": value})
+
+    def _state(self, uuid: str, sample: GpuSample | None) -> str:
+        """``hw.state`` of one device (the rule is the ``hw.status`` description)."""
+        if self._sampler.lost(uuid):
+            return "failed"
+        if sample is None:
+            return "ok"
+        uncorrected = sample.ecc_uncorrected
+        with self._lock:
+            before = self._ecc_seen.get(uuid)
+            if uncorrected is not None:
+                self._ecc_seen[uuid] = uncorrected
+        if getattr(sample, "remapped_rows_failure", None) or (
+            uncorrected is not None and before is not None and uncorrected > before
+        ):
+            return "predicted_failure"
+        reasons = sample.clock_event_reasons or 0
+        if reasons & _HARDWARE_THROTTLE or getattr(sample, "remapped_rows_pending", None):
+            return "degraded"
+        return "ok"
 
     def _memory_controller(self) -> Iterable[Observation]:
         return self._gauge("memory_util_pct", 0.01)
@@ -209,10 +255,10 @@ class GpuMetricsHandle:
                 yield Observation(stats.memory_used_peak_bytes, attrs)
 
     def _clock_sm(self) -> Iterable[Observation]:
-        return self._gauge("sm_clock_mhz")
+        return self._gauge("sm_clock_mhz", 1e6)
 
     def _clock_memory(self) -> Iterable[Observation]:
-        return self._gauge("memory_clock_mhz")
+        return self._gauge("memory_clock_mhz", 1e6)
 
     def _throttle_fraction(self) -> Iterable[Observation]:
         now = self._sampler.now_ns()
@@ -268,17 +314,21 @@ class _Instrumenting(Protocol):
 
 
 def register_gpu_metrics(
-    target: _Instrumenting | Meter, sampler: BaseGpuSampler
+    target: _Instrumenting | Meter,
+    sampler: BaseGpuSampler,
+    device_attributes: Mapping[str, Mapping[str, str]] | None = None,
 ) -> GpuMetricsHandle:
     """Feed the GPU observable instruments from ``sampler`` (see ``docs/metrics.md``).
 
     ``target`` is the runtime (``Runtime.instrument`` creates the instruments) or, for a
     sampler used without ``instrument()``, a plain OpenTelemetry meter. Returns a handle
     whose ``unregister()``/``close()`` silences them. Never raises for sampler problems:
-    a sampler without devices yields only the sampler metrics.
+    a sampler without devices yields only the sampler metrics. ``device_attributes``
+    (UUID -> attributes, e.g. the recommended ``hw.model``, ``hw.serial_number``...)
+    are added to every series of that device.
     """
     instruments = Instruments(target) if isinstance(target, Meter) else target
-    return GpuMetricsHandle(instruments, sampler)
+    return GpuMetricsHandle(instruments, sampler, device_attributes)
 
 
 __all__ = ["GpuMetricsHandle", "register_gpu_metrics"]

@@ -5,8 +5,9 @@ Attributes (semantic-convention names where they exist, ``otelgpu.*`` otherwise)
 * service: ``service.name`` (setting ``service_name``), ``service.instance.id``;
 * host/process: ``host.name``, ``host.arch``, ``process.pid``, ``process.executable.name``,
   ``process.runtime.name``, ``process.runtime.version``;
-* GPUs: ``otelgpu.gpu.count``, ``otelgpu.gpu.uuids``, ``otelgpu.gpu.names`` (arrays, in
-  sampling order), ``otelgpu.gpu.driver_version``, ``otelgpu.gpu.cuda_version``;
+* GPUs: ``otelgpu.gpu.count``, ``otelgpu.gpu.driver_version``, ``otelgpu.gpu.cuda_version``
+  (per-GPU identity -- ``hw.id``, ``hw.model``, ``hw.serial_number``... -- is on the GPU
+  series and spans, never a list here);
 * distributed job: ``otelgpu.dist.rank``, ``otelgpu.dist.local_rank``,
   ``otelgpu.dist.world_size`` (torchrun, then SLURM, then Open MPI variables);
 * ``slurm.job.id``, ``slurm.job.name``, ``slurm.cluster.name`` when under SLURM;
@@ -51,10 +52,30 @@ class GpuInventory:
     driver_version: str | None = None
     cuda_version: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    devices: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """UUID -> the recommended ``hw.*`` attributes NVML could read (``hw.model``,
+    ``hw.driver_version``, ``hw.firmware_version``, ``hw.serial_number``); they go on
+    the GPU series, not on the resource."""
 
 
 def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _device_attributes(pynvml: Any, handle: Any, name: str, driver: str) -> dict[str, str]:
+    """The semconv-recommended ``hw.*`` attributes of one device that NVML can read."""
+    attrs = {"hw.model": name, "hw.driver_version": driver}
+    for key, read in (
+        ("hw.firmware_version", "nvmlDeviceGetVbiosVersion"),
+        ("hw.serial_number", "nvmlDeviceGetSerial"),
+    ):
+        try:
+            value = _decode(getattr(pynvml, read)(handle)).strip()
+        except Exception:  # noqa: BLE001 - not readable on every board (NOT_SUPPORTED)
+            continue
+        if value:
+            attrs[key] = value
+    return attrs
 
 
 def nvml_inventory(uuids: Sequence[str] | None = None) -> GpuInventory:
@@ -78,17 +99,19 @@ def nvml_inventory(uuids: Sequence[str] | None = None) -> GpuInventory:
         except Exception:  # noqa: BLE001 - optional
             cuda_version = None
         found: dict[str, str] = {}
+        devices: dict[str, dict[str, str]] = {}
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            found[_decode(pynvml.nvmlDeviceGetUUID(handle))] = _decode(
-                pynvml.nvmlDeviceGetName(handle)
-            )
+            uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
+            found[uuid] = _decode(pynvml.nvmlDeviceGetName(handle))
+            devices[uuid] = _device_attributes(pynvml, handle, found[uuid], driver)
         order = list(uuids) if uuids is not None else list(found)
         return GpuInventory(
             uuids=tuple(order),
             names=tuple(found.get(u, "") for u in order),
             driver_version=driver,
             cuda_version=cuda_version,
+            devices={u: devices[u] for u in order if u in devices},
         )
     except Exception as exc:  # noqa: BLE001 - a partial NVML is reported, not raised
         _logger.warning("otelgpu: could not read the GPU inventory: %r", exc)
@@ -175,9 +198,9 @@ def build_resource(settings: Settings, gpus: GpuInventory | None = None) -> Reso
         "otelgpu.version": __version__,
     }
     if gpus is not None and gpus.uuids:
+        # Per-GPU identity stays on the GPU series (hw.id): list values here would become
+        # kilobyte-long labels on every series in Prometheus-style stores.
         attrs["otelgpu.gpu.count"] = len(gpus.uuids)
-        attrs["otelgpu.gpu.uuids"] = list(gpus.uuids)
-        attrs["otelgpu.gpu.names"] = list(gpus.names)
     if gpus is not None and gpus.driver_version:
         attrs["otelgpu.gpu.driver_version"] = gpus.driver_version
     if gpus is not None and gpus.cuda_version:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.catalog_docs import assert_docs_match_catalog
+from fixtures.catalog_docs import assert_docs_match_catalog, assert_exported_matches_catalog
 from fixtures.sim import SMALL_SCENARIO
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -85,8 +85,8 @@ def test_names_units_attributes_and_values(
         assert _by_device(rows("hw.errors"), u, **{"error.type": "uncorrected"}) == [0]
         assert _by_device(rows("hw.status"), u, **{"hw.state": "ok"}) == [1]
         assert _by_device(rows("hw.status"), u, **{"hw.state": "failed"}) == [0]
-        assert _by_device(rows("otelgpu.gpu.clock.sm"), u) == [1980]
-        assert _by_device(rows("otelgpu.gpu.clock.memory"), u) == [2619]
+        assert _by_device(rows("otelgpu.gpu.clock.sm"), u) == [1980e6]  # Hz
+        assert _by_device(rows("otelgpu.gpu.clock.memory"), u) == [2619e6]
         assert _by_device(rows("otelgpu.gpu.pstate"), u) == [0]
         assert len(_by_device(rows("otelgpu.gpu.throttle.time"), u)) == 8
         any_fraction = _by_device(
@@ -180,6 +180,52 @@ def test_xid_counts_and_lost_gpu(
     assert _by_device(got["hw.status"][1], bad, **{"hw.state": "ok"}) == [0]
     assert _by_device(got["hw.power"][1], bad) == []  # a lost GPU reports only its status
     assert len(_by_device(got["hw.power"][1], good)) == 1
+
+
+def test_status_degraded_then_predicted_failure(
+    sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
+) -> None:
+    """hw.state: degraded while clocks are cut for a hardware reason; predicted_failure
+    when uncorrected ECC errors rose since the previous collection; one state at a time."""
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    u = sampler.devices[0].uuid
+
+    def states() -> dict[str, int]:
+        sampler.sample_once()
+        time.sleep(0.03)  # one collection reads a device's newest sample once per 20 ms
+        rows = collect(rd)["hw.status"][1]
+        return {
+            a["hw.state"]: v for a, v in rows if a["hw.id"] == u
+        }  # fmt: skip
+
+    assert states() == {"ok": 1, "degraded": 0, "predicted_failure": 0, "failed": 0}
+    sim_gpu.inject("throttle", gpu=0, reason="hw_thermal", duration_s=5)
+    sim_gpu.advance(0.5)
+    assert states() == {"ok": 0, "degraded": 1, "predicted_failure": 0, "failed": 0}
+    sim_gpu.inject("ecc", gpu=0, uncorrected=2)
+    sim_gpu.advance(0.5)
+    assert states()["predicted_failure"] == 1
+    sim_gpu.advance(10.0)  # throttling over, no new ECC error
+    assert states() == {"ok": 1, "degraded": 0, "predicted_failure": 0, "failed": 0}
+
+
+def test_recommended_device_attributes_on_every_series(
+    sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
+) -> None:
+    from otelgpu.otel.resource import nvml_inventory
+
+    rd, provider = reader
+    inventory = nvml_inventory([d.uuid for d in sampler.devices])
+    register_gpu_metrics(provider.get_meter("test"), sampler, inventory.devices)
+    sampler.sample_once()
+    got = collect(rd)
+    u = sampler.devices[0].uuid
+    (attrs,) = [a for a, _ in got["hw.power"][1] if a["hw.id"] == u]
+    assert attrs["hw.model"] == "NVIDIA H100 80GB HBM3"
+    assert attrs["hw.driver_version"] == inventory.driver_version
+    assert attrs["hw.firmware_version"] and attrs["hw.serial_number"]
+    assert_exported_matches_catalog(got)
 
 
 def test_unregister_silences_every_instrument(

@@ -87,7 +87,9 @@ def test_pipeline_spans_carry_simulated_gpu_context(otlp_receiver: OtlpReceiver)
     resource = steps[0][0]
     assert resource["otelgpu.sim"] is True
     assert resource["otelgpu.sim.scenario"] == SCENARIO
-    assert resource["otelgpu.gpu.uuids"] == [nvml["uuid"]]
+    assert resource["otelgpu.gpu.count"] == 1
+    assert "otelgpu.gpu.uuids" not in resource  # identity is on the GPU series (hw.id)
+    assert "otelgpu.gpu.names" not in resource
     assert resource["otelgpu.gpu.driver_version"] == scenario["driver"]["version"]
     assert resource["otelgpu.gpu.cuda_version"] == scenario["driver"]["cuda_version"]
     assert resource["otelgpu.dist.local_rank"] == 0

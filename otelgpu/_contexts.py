@@ -187,7 +187,10 @@ class RequestContext(_SpanScope):
     An exception leaving the block sets outcome ``error`` (``timeout`` for TimeoutError).
     On exit: a SERVER span ``{operation} {model}`` with TTFT, time per output token,
     tokens, queue time, outcome and the GPU context; the ``gen_ai.server.*`` sketches.
-    ``provider`` is ``gen_ai.provider.name`` (default ``DEFAULT_PROVIDER``, ``otelgpu``).
+    ``provider`` is ``gen_ai.provider.name``: name the serving system (``vllm``, ``tgi``...);
+    the default is the conventions' fallback ``_OTHER``. ``server_address``/``server_port``
+    become ``server.address``/``server.port`` (span and metrics); ``r.response(id=…,
+    model=…)`` sets ``gen_ai.response.id`` / ``gen_ai.response.model`` on the span.
     """
 
     __slots__ = (
@@ -197,11 +200,15 @@ class RequestContext(_SpanScope):
         "_outcome",
         "_output_tokens",
         "_queue_time_s",
+        "_response_id",
+        "_response_model",
         "_scheduled_ns",
         "attributes",
         "model",
         "operation",
         "provider",
+        "server_address",
+        "server_port",
     )
 
     _where = "request"
@@ -214,9 +221,15 @@ class RequestContext(_SpanScope):
         provider: str = DEFAULT_PROVIDER,
         queue_time_s: float | None = None,
         attributes: Mapping[str, Any] | None = None,
+        server_address: str | None = None,
+        server_port: int | None = None,
     ) -> None:
         super().__init__()
         self.model = model
+        self.server_address = server_address
+        self.server_port = server_port
+        self._response_id: str | None = None
+        self._response_model: str | None = None
         self.operation = operation
         self.provider = provider
         self.attributes = attributes
@@ -264,6 +277,13 @@ class RequestContext(_SpanScope):
             return None
         return count
 
+    def response(self, id: str | None = None, model: str | None = None) -> None:
+        """The server's id of the completion and the model that answered (span attributes)."""
+        if id is not None:
+            self._response_id = str(id)
+        if model is not None:
+            self._response_model = str(model)
+
     def error(self, kind: str = "error") -> None:
         """Mark the request failed: ``timeout`` or an error of type ``kind``."""
         self._outcome = "timeout" if kind == "timeout" else "error"
@@ -291,6 +311,8 @@ class RequestContext(_SpanScope):
                 model=self.model,
                 operation=self.operation,
                 provider=self.provider,
+                server_address=self.server_address,
+                server_port=self.server_port,
             )
         )
 
@@ -321,6 +343,10 @@ class RequestContext(_SpanScope):
                 error_type=self._error_type,
                 attributes=self.attributes,
                 exception=exc,
+                response_id=self._response_id,
+                response_model=self._response_model,
+                server_address=self.server_address,
+                server_port=self.server_port,
             ),
         )
 
@@ -355,6 +381,8 @@ def request(
     provider: str = DEFAULT_PROVIDER,
     queue_time_s: float | None = None,
     attributes: Mapping[str, Any] | None = None,
+    server_address: str | None = None,
+    server_port: int | None = None,
 ) -> RequestContext:
     """An inference request (context manager, sync or async); see :class:`RequestContext`."""
     return RequestContext(
@@ -363,6 +391,8 @@ def request(
         provider=provider,
         queue_time_s=queue_time_s,
         attributes=attributes,
+        server_address=server_address,
+        server_port=server_port,
     )
 
 

@@ -272,7 +272,13 @@ SAMPLER_METRICS: tuple[MetricSpec, ...] = (SAMPLER_DROPPED,)
 # =========================================================================== runtime
 
 _STEP_ATTRS: tuple[str, ...] = ()  # plus the attributes passed to step(attributes=...)
-_GEN_AI = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
+_GEN_AI = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "server.address",
+    "server.port",
+)
 
 TRAIN_STEP_DURATION = MetricSpec(
     "otelgpu.train.step.duration",

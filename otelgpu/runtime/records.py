@@ -19,8 +19,10 @@ OUTCOMES = ("ok", "error", "timeout")
 DEFAULT_OPERATION = "chat"
 """``gen_ai.operation.name`` of ``otelgpu.request()`` when none is given."""
 
-DEFAULT_PROVIDER = "otelgpu"
-"""``gen_ai.provider.name`` of ``otelgpu.request()`` when none is given."""
+DEFAULT_PROVIDER = "_OTHER"
+"""``gen_ai.provider.name`` of ``otelgpu.request()`` when none is given: the GenAI
+conventions' fallback for a value they do not list. Pass ``provider=`` naming the serving
+system (``vllm``, ``sglang``, ``tgi``, ``triton``...); the vLLM integration sets ``vllm``."""
 
 
 @dataclass(slots=True)
@@ -69,6 +71,10 @@ class RequestRecord:
         devices: GPU UUIDs the GPU context is restricted to (default: every sampled GPU).
         context: parent context of the span.
         exception: recorded on the span.
+        response_id: ``gen_ai.response.id`` (the server's id of the completion).
+        response_model: ``gen_ai.response.model`` (the model that answered).
+        server_address, server_port: ``server.address`` / ``server.port`` of the serving
+            endpoint, where known (span and metric attributes).
     """
 
     start_ns: int
@@ -87,6 +93,10 @@ class RequestRecord:
     devices: Sequence[str] | None = None
     context: Context | None = None
     exception: BaseException | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    server_address: str | None = None
+    server_port: int | None = None
 
 
 __all__ = [

@@ -150,6 +150,10 @@ class RequestRecorder:
         }
         if model:
             attrs["gen_ai.request.model"] = model
+        if record.server_address:
+            attrs["server.address"] = record.server_address
+        if record.server_port is not None:
+            attrs["server.port"] = record.server_port
         if record.span_attributes:
             attrs.update(record.span_attributes)
         return self._tracer.start_span(
@@ -201,6 +205,10 @@ class RequestRecorder:
                     span_attrs["otelgpu.request.queue_time"] = queue_time_s
                 if error_type is not None:
                     span_attrs["error.type"] = error_type
+                if record.response_id is not None:
+                    span_attrs["gen_ai.response.id"] = record.response_id
+                if record.response_model is not None:
+                    span_attrs["gen_ai.response.model"] = record.response_model
                 if attributes:
                     span_attrs.update(attributes)
                 gpu = self._gpu
@@ -213,9 +221,7 @@ class RequestRecorder:
                     span.record_exception(record.exception)
                 if outcome != "ok":
                     span.set_status(Status(StatusCode.ERROR, error_type or outcome))
-            labels = self._labels(
-                record.model, record.operation, record.provider, outcome, error_type, attributes
-            )
+            labels = self._labels(record, outcome, error_type, attributes)
             _record(self.duration, duration_s, labels.duration, labels.duration_key)
             if labels.ok:
                 if ttft_s is not None:
@@ -246,9 +252,7 @@ class RequestRecorder:
 
     def _labels(
         self,
-        model: str | None,
-        operation: str,
-        provider: str,
+        record: RequestRecord,
         outcome: str,
         error_type: str | None,
         attributes: Mapping[str, Any] | None,
@@ -263,8 +267,16 @@ class RequestRecorder:
         attribute set when they first see it).
         """
         limit = self._limit
+        model, operation, provider = record.model, record.operation, record.provider
         if model and len(model) > limit:  # one huge value must not make a batch unsendable
             model = model[:limit]
+        server = (record.server_address, record.server_port)
+        if any(v is not None for v in server):
+            attributes = {
+                **({"server.address": server[0]} if server[0] else {}),
+                **({"server.port": server[1]} if server[1] is not None else {}),
+                **(attributes or {}),
+            }
         try:
             key = (model, operation, provider, outcome, error_type, freeze(attributes))
             labels = self._label_cache.get(key)

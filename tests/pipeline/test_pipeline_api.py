@@ -378,3 +378,26 @@ def test_pipeline_gpu_context_restricted_to_devices(app: App) -> None:
     assert step.attributes["otelgpu.gpu.utilization.max"] == pytest.approx(0.1)
     assert [e.attributes["otelgpu.gpu.xid"] for e in step.events] == [13]
     runtime.sampler = None
+
+
+def test_pipeline_request_genai_attributes(app: App) -> None:
+    """gen_ai.provider.name names the serving system (default: the fallback _OTHER, never
+    "otelgpu"); response id/model on the span; server.address/port on span and metrics."""
+    with otelgpu.request(model="m") as r:
+        r.response(id="cmpl-1", model="m-2024")
+    with otelgpu.request(
+        model="m", provider="sglang", server_address="10.0.0.7", server_port=30000
+    ):
+        pass
+    default, sglang = (s.attributes for s in app.finished("chat m"))
+    assert default["gen_ai.provider.name"] == "_OTHER"
+    assert default["gen_ai.response.id"] == "cmpl-1"
+    assert default["gen_ai.response.model"] == "m-2024"
+    assert "server.address" not in default
+    assert sglang["gen_ai.provider.name"] == "sglang"
+    assert (sglang["server.address"], sglang["server.port"]) == ("10.0.0.7", 30000)
+    series = {
+        (a.get("gen_ai.provider.name"), a.get("server.port"))
+        for a, _ in _runtime_now().request_duration.series()
+    }
+    assert series == {("_OTHER", None), ("sglang", 30000)}

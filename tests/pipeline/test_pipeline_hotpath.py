@@ -159,7 +159,7 @@ def test_pipeline_unsampled_spans_still_record_metrics(unsampled: InMemorySpanEx
     assert runtime.step_duration.merged().count == 1
     assert runtime.instrument(catalog.TRAIN_SAMPLES).value({"job": "j"}) == 8
     assert runtime.instrument(catalog.TRAIN_TOKENS).value({"job": "j"}) == 100
-    base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "otelgpu"}
+    base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "_OTHER"}
     base["gen_ai.request.model"] = "m"
     assert runtime.ttft.merged().count == runtime.tpot.merged().count == 1
     assert runtime.queue_duration.merged().max == pytest.approx(0.5, rel=0.01)
@@ -195,7 +195,7 @@ def test_pipeline_request_label_cache_is_bounded_and_exact(reset_otel_globals: N
             RequestRecord(0, 1_000_000, model="m0", outcome="timeout", error_type="timeout")
         )
         assert len(runtime.requests._label_cache) <= requests._LABEL_CACHE_SIZE
-        base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "otelgpu"}
+        base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "_OTHER"}
         for model in ("m0", models[-1]):
             ok = {**base, "gen_ai.request.model": model, "otelgpu.request.outcome": "ok"}
             requests_ = runtime.instrument(catalog.REQUESTS)
@@ -246,7 +246,7 @@ def test_pipeline_request_labels_follow_attribute_values(app_runtime: _runtime.R
     runtime.record_request(
         RequestRecord(0, 1_000_000, model="m", attributes=attrs, outcome="timeout")
     )
-    base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "otelgpu"}
+    base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "_OTHER"}
     base["gen_ai.request.model"] = "m"
     first = {**base, "engine": "e0", "tags": ["a"]}
     second = {**base, "engine": "e1", "tags": ["a", "b"]}

@@ -129,7 +129,7 @@ def test_vllm_stats_become_documented_metrics_and_spans(
     run.finish()
 
     # ---- spans: one per finished request, joined to the caller's trace when it sent one
-    spans = {_attrs(s)["gen_ai.request.id"]: s for s in _request_spans(run)}
+    spans = {_attrs(s)["gen_ai.response.id"]: s for s in _request_spans(run)}
     assert set(spans) == {"req-a", "req-b", "req-c", "req-d"}
     ipc = 0.0003
     for r in requests:
@@ -358,7 +358,7 @@ def test_vllm_trace_context_from_the_callers_active_span(
     logger.record(None, it)
     assert len(_context.REGISTRY) == 0  # consumed
     run.finish()
-    (span,) = [s for s in run.spans() if _attrs(s).get("gen_ai.request.id") == "req-x"]
+    (span,) = [s for s in run.spans() if _attrs(s).get("gen_ai.response.id") == "req-x"]
     ctx = server_span.get_span_context()
     assert span.trace_id == ctx.trace_id.to_bytes(16, "big")
     assert span.parent_span_id == ctx.span_id.to_bytes(8, "big")
@@ -366,7 +366,7 @@ def test_vllm_trace_context_from_the_callers_active_span(
 
 
 def _request_spans(run: Instrumented) -> list[Any]:
-    return [s for s in run.spans() if "gen_ai.request.id" in _attrs(s)]
+    return [s for s in run.spans() if "gen_ai.response.id" in _attrs(s)]
 
 
 def _attrs(span: Any) -> dict[str, Any]:
@@ -421,7 +421,7 @@ def test_vllm_plugin_starts_otelgpu_itself_from_the_environment(
 
     otelgpu.shutdown()
     spans = [s for r, _, s in otlp_receiver.spans() if r.get("service.name") == "vllm-zero-code"]
-    assert [_attrs(s)["gen_ai.request.id"] for s in spans] == ["zc-1"]
+    assert [_attrs(s)["gen_ai.response.id"] for s in spans] == ["zc-1"]
 
 
 def test_vllm_own_tracing_provider_is_left_alone(

@@ -111,7 +111,7 @@ def test_vllm_replayed_burst_matches_the_script(
     assert abort_rate == pytest.approx(reasons["abort"] / len(requests))
 
     # ---- one span per request, none dropped
-    spans = [s for s in run.spans() if "gen_ai.request.id" in _span_attrs(s)]
+    spans = [s for s in run.spans() if "gen_ai.response.id" in _span_attrs(s)]
     assert len(spans) == len(requests)
 
 

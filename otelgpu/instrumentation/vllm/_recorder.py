@@ -293,8 +293,6 @@ class EngineRecorder:
         preemptions = f.integer(req, "num_preemptions")
         if preemptions:
             extra["otelgpu.vllm.preemptions"] = preemptions
-        if isinstance(request_id, str):
-            extra["gen_ai.request.id"] = request_id
         cached = f.integer(req, "num_cached_tokens")
         if cached:
             extra["gen_ai.usage.cache_read.input_tokens"] = cached
@@ -322,6 +320,8 @@ class EngineRecorder:
                 attributes=self.engine_attributes,
                 span_attributes=extra,
                 devices=self.gpu_uuids or None,  # GPU context of this engine's GPUs only
+                response_id=request_id if isinstance(request_id, str) else None,
+                response_model=self.model_name,
             )
         )
         self.requests_recorded += 1

@@ -12,6 +12,7 @@ skips the Cython extensions altogether.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -20,8 +21,20 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent
-NO_EXTENSIONS = os.environ.get("OTELGPU_NO_EXTENSIONS", "").strip() not in ("", "0")
-DEBUG = os.environ.get("OTELGPU_DEBUG", "").strip() not in ("", "0")
+
+
+def _load_flags():  # type: ignore[no-untyped-def]
+    """otelgpu/_flags.py by path: the same flag parser as the runtime's otelgpu._impl."""
+    spec = importlib.util.spec_from_file_location("_otelgpu_flags", ROOT / "otelgpu" / "_flags.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_flags = _load_flags()
+NO_EXTENSIONS = _flags.env_flag("OTELGPU_NO_EXTENSIONS")
+DEBUG = _flags.env_flag("OTELGPU_DEBUG")
 OPT = ["-O0", "-g"] if DEBUG else ["-O3"]
 
 # Plain C shared libraries (no Python module init): name -> path inside the package.

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics, trace
 
 from otelgpu import _runtime
+from otelgpu import environment_variables as ev
 from otelgpu._contexts import RequestContext, StepContext, request, step
 from otelgpu._runtime import Runtime
 from otelgpu._settings import Settings, resolve
@@ -88,7 +89,7 @@ def _uninstrument(instrumentor: Any) -> None:
 def _start_sampler(settings: Settings) -> Any:
     """Activate the simulator if asked (``OTELGPU_SIM``), then start a GpuSampler or return None."""
     try:
-        if os.environ.get("OTELGPU_SIM", "").strip():
+        if os.environ.get(ev.OTELGPU_SIM, "").strip():
             from otelgpu import sim
 
             sim.activate_from_env()

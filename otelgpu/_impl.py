@@ -3,8 +3,9 @@
 Every native module has a pure-Python twin with the same API. Which one is used is
 decided once, here, at import time:
 
-* ``OTELGPU_NO_EXTENSIONS=1`` (any non-empty value other than ``0``) forces the
-  pure-Python twins;
+* ``OTELGPU_NO_EXTENSIONS=1`` (any value but empty, ``0``, ``false``, ``no``, ``off``:
+  ``otelgpu._flags.env_flag``, the parser ``setup.py`` uses too) forces the pure-Python
+  twins;
 * otherwise each native module is imported, and a failed import falls back to the
   twin -- never silently: the failure is logged once at WARNING and
   ``otelgpu.NATIVE`` becomes ``False``. The test suite has a guard test that fails
@@ -15,19 +16,18 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 from types import ModuleType
+
+from otelgpu import environment_variables
+from otelgpu._flags import env_flag
 
 _logger = logging.getLogger(__name__)
 
 
-def _env_flag(name: str) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    return value not in ("", "0", "false", "no", "off")
-
-
-NO_EXTENSIONS: bool = _env_flag("OTELGPU_NO_EXTENSIONS") or sys.implementation.name != "cpython"
+NO_EXTENSIONS: bool = (
+    env_flag(environment_variables.OTELGPU_NO_EXTENSIONS) or sys.implementation.name != "cpython"
+)
 """True when the pure-Python twins are forced (env var or a non-CPython interpreter)."""
 
 #: Native modules that make up "the native core". ``NATIVE`` is true only if all load.

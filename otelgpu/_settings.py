@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otelgpu import environment_variables as ev
+from otelgpu._flags import parse_bool
 from otelgpu.errors import ConfigurationError
 
 _log = logging.getLogger("otelgpu")
@@ -85,16 +86,7 @@ class Settings:
 # Each parser takes a raw value (a string from the environment, or whatever the caller
 # passed as a keyword) and returns the typed value or raises ValueError/TypeError.
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _bool(raw: object) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
-        return raw.strip().lower() in _TRUE
-    raise ValueError(raw)
+_bool = parse_bool
 
 
 def _str(raw: object) -> str:
@@ -378,9 +370,10 @@ def _lenient_otel_bool(setting: Setting, var: str, raw: str) -> bool | None:
     and the default is used. (otelgpu also keeps reading 1/0, yes/no, on/off as it always
     did; ``OTELGPU_*`` variables keep otelgpu's rule: a bad value fails fast.)
     """
-    value = raw.strip().lower()
-    if value in _TRUE + _FALSE:
-        return value in _TRUE
+    try:
+        return parse_bool(raw)
+    except ValueError:
+        pass
     _log.warning(
         "otelgpu: ignoring %s=%r (expected true or false, as the OpenTelemetry specification "
         "requires); using the default for %s",
@@ -389,6 +382,36 @@ def _lenient_otel_bool(setting: Setting, var: str, raw: str) -> bool | None:
         setting.name,
     )
     return None
+
+
+def resolve_table(
+    rows: tuple[Setting, ...],
+    overrides: Mapping[str, object],
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """Values of ``rows`` given: keyword > ``env`` variable > ``otel_env`` variable.
+
+    The settings mechanism shared by ``instrument()`` and the framework instrumentors
+    (torch, vLLM): a row not given anywhere is absent (its default applies). A keyword
+    whose value is ``None`` counts as not given; an empty variable likewise. Raises
+    :class:`ConfigurationError` naming the keyword or the variable of a bad value.
+    """
+    values: dict[str, Any] = {}
+    for setting in rows:
+        raw = overrides.get(setting.name)
+        if raw is not None:
+            values[setting.name] = _parse(setting, setting.name, raw)
+            continue
+        for var in (setting.env, setting.otel_env):
+            if var and environ.get(var, "").strip():
+                if var == setting.otel_env and setting.parse is _bool:
+                    lenient = _lenient_otel_bool(setting, var, environ[var])
+                    if lenient is not None:
+                        values[setting.name] = lenient
+                    break
+                values[setting.name] = _parse(setting, var, environ[var])
+                break
+    return values
 
 
 def resolve(overrides: Mapping[str, object] | None = None,
@@ -405,21 +428,7 @@ def resolve(overrides: Mapping[str, object] | None = None,
         raise ConfigurationError(
             unknown[0], given[unknown[0]], "one of the settings " + ", ".join(_BY_NAME)
         )
-    values: dict[str, Any] = {}
-    for setting in SETTINGS:
-        if setting.name in given:
-            values[setting.name] = _parse(setting, setting.name, given[setting.name])
-            continue
-        for var in (setting.env, setting.otel_env):
-            if var and env.get(var, "").strip():
-                if var == setting.otel_env and setting.parse is _bool:
-                    lenient = _lenient_otel_bool(setting, var, env[var])
-                    if lenient is None:
-                        break
-                    values[setting.name] = lenient
-                    break
-                values[setting.name] = _parse(setting, var, env[var])
-                break
+    values = resolve_table(SETTINGS, given, env)
     if "exporters" not in values:
         configured = "otlp_endpoint" in values or any(
             env.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES

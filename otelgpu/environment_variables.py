@@ -130,4 +130,21 @@ OTELGPU_SIM = "OTELGPU_SIM"
 """Scenario of the simulated GPU to activate (read by ``otelgpu.sim.activate_from_env``)."""
 
 OTELGPU_NO_EXTENSIONS = "OTELGPU_NO_EXTENSIONS"
-"""Force the pure-Python twins of the native core (read by ``otelgpu._impl``)."""
+"""Force the pure-Python twins of the native core: at build time (``setup.py`` skips the
+Cython extensions) and at import time (``otelgpu._impl``). On unless unset, empty, ``0``,
+``false``, ``no`` or ``off`` (one parser for both: ``otelgpu._flags.env_flag``)."""
+
+OTELGPU_DEBUG = "OTELGPU_DEBUG"
+"""Build time only: compile the native core with ``-O0 -g`` instead of ``-O3`` (same rule
+as ``OTELGPU_NO_EXTENSIONS``)."""
+
+OTELGPU_SIM_CLOCK = "OTELGPU_SIM_CLOCK"
+"""With ``OTELGPU_SIM``: ``wall`` (default) or ``virtual`` (the simulator's clock)."""
+
+OTELGPU_SIM_CONFIG = "OTELGPU_SIM_CONFIG"
+"""Set by ``otelgpu sim run``: the normalized scenario file the simulated libnvidia-ml reads
+at ``nvmlInit`` (not meant to be set by hand)."""
+
+OTELGPU_NVML_LIBRARY = "OTELGPU_NVML_LIBRARY"
+"""Path of the NVML library the sampler loads (default: ``libnvidia-ml.so.1`` by soname;
+the simulator sets it to its own library)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -36,3 +37,27 @@ def test_env_var_forces_pure_python_in_a_fresh_interpreter() -> None:
         check=True,
     ).stdout.split()
     assert out == ["False", "otelgpu.sketch._sketch_py"]
+
+
+@pytest.mark.parametrize("value", ["", "0", "1", "2", "false", "FALSE", "no", "off", "yes", "on"])
+def test_build_and_import_read_no_extensions_alike(value: str) -> None:
+    """setup.py and otelgpu._impl share one flag parser (otelgpu/_flags.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from otelgpu._flags import env_flag
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "__file__ = 'setup.py'\n"
+        "exec(open('setup.py').read().split('def cython_extensions')[0])\n"
+        "print(NO_EXTENSIONS)\n"
+    )
+    env = {**os.environ, "OTELGPU_NO_EXTENSIONS": value}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True
+    )
+    expected = env_flag("OTELGPU_NO_EXTENSIONS", {"OTELGPU_NO_EXTENSIONS": value})
+    assert out.stdout.strip() == str(expected)
+    assert expected is (value.lower() not in ("", "0", "false", "no", "off"))

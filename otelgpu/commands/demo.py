@@ -28,6 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
+from otelgpu import environment_variables as ev
+
 DEFAULT_SCENARIO = "healthy-8xh100"
 MODEL = "llama-3.1-8b-instruct"
 
@@ -57,7 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def real_nvml_present() -> bool:
     """True when a real NVIDIA driver library loads (without initialising it)."""
-    if os.environ.get("OTELGPU_SIM"):
+    if os.environ.get(ev.OTELGPU_SIM):
         return False
     try:
         ctypes.CDLL("libnvidia-ml.so.1")

@@ -16,6 +16,8 @@ import sys
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
+from otelgpu import environment_variables as ev
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -53,7 +55,7 @@ def report(out: TextIO) -> int:
         print(f"  {name}: {state}", file=out)
 
     print("\n== NVML ==", file=out)
-    if os.environ.get("OTELGPU_SIM"):
+    if os.environ.get(ev.OTELGPU_SIM):
         try:
             from otelgpu import sim
 

@@ -131,3 +131,27 @@ def test_pipeline_every_setting_has_a_variable_and_docs() -> None:
         if s.otel_env:
             assert f"`{s.otel_env}`" in doc, s.otel_env
     assert _settings.describe(Settings())[0][0] == "disabled"
+
+
+def test_pipeline_every_otelgpu_variable_is_named_in_environment_variables() -> None:
+    """No stray ``OTELGPU_*`` literal: each one the code reads is a constant of an
+    ``environment_variables`` module (otelgpu's, torch's or vLLM's)."""
+    import re
+
+    from otelgpu.instrumentation.torch import environment_variables as torch_ev
+    from otelgpu.instrumentation.vllm import environment_variables as vllm_ev
+
+    named = {
+        getattr(module, n)
+        for module in (environment_variables, torch_ev, vllm_ev)
+        for n in dir(module)
+        if n.startswith("OTELGPU_")
+    }
+    sources = [*(ROOT / "otelgpu").rglob("*.py"), ROOT / "setup.py"]
+    literals = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in sources
+        for name in re.findall(r"[\"'](OTELGPU_[A-Z0-9_]+)[\"']", path.read_text())
+    }
+    assert literals
+    assert {(p, n) for p, n in literals if n not in named} == set()

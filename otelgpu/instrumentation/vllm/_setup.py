@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
-from otelgpu.errors import ConfigurationError
+from otelgpu import environment_variables as otelgpu_ev
+from otelgpu._settings import Setting, _bool, resolve_table
 from otelgpu.instrumentation.vllm import _context, _devices
 from otelgpu.instrumentation.vllm import environment_variables as ev
 from otelgpu.instrumentation.vllm._recorder import EngineRecorder, RecorderOptions
@@ -25,20 +27,25 @@ from otelgpu.runtime.api import RuntimeAPI
 
 _logger = logging.getLogger("otelgpu.instrumentation.vllm")
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+
+def _seconds(raw: object) -> float:
+    value = float(raw.strip()) if isinstance(raw, str) else float(raw)  # type: ignore[arg-type]
+    if not 0 < value < float("inf"):
+        raise ValueError(raw)
+    return value
 
 
-def _env_bool(name: str, default: bool, environ: Mapping[str, str]) -> bool:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigurationError(name, raw, "true or false")
+#: The settings table (the pattern of ``otelgpu._settings``); variables only.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("timeout_s", ev.OTELGPU_VLLM_TIMEOUT_S, None, _seconds,
+            "a number of seconds > 0", "e2e time from which a finished request is a timeout."),
+    Setting("trace_context", ev.OTELGPU_VLLM_TRACE_CONTEXT, None, _bool, "true or false",
+            "Parent request spans on the incoming traceparent."),
+)  # fmt: skip
+
+
+def _settings(environ: Mapping[str, str] | None) -> dict[str, Any]:
+    return resolve_table(SETTINGS, {}, os.environ if environ is None else environ)
 
 
 def read_options(environ: Mapping[str, str] | None = None) -> RecorderOptions:
@@ -47,24 +54,12 @@ def read_options(environ: Mapping[str, str] | None = None) -> RecorderOptions:
     Raises:
         ConfigurationError: a variable has an invalid value (named in the message).
     """
-    env = os.environ if environ is None else environ
-    timeout: float | None = None
-    raw = env.get(ev.OTELGPU_VLLM_TIMEOUT_S)
-    if raw is not None and raw.strip() != "":
-        try:
-            timeout = float(raw)
-        except ValueError:
-            timeout = float("nan")
-        if not timeout > 0 or timeout == float("inf"):
-            raise ConfigurationError(ev.OTELGPU_VLLM_TIMEOUT_S, raw, "a number of seconds > 0")
-    return RecorderOptions(timeout_s=timeout)
+    return RecorderOptions(timeout_s=_settings(environ).get("timeout_s"))
 
 
 def trace_context_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``add_request`` should be wrapped (``OTELGPU_VLLM_TRACE_CONTEXT``)."""
-    return _env_bool(
-        ev.OTELGPU_VLLM_TRACE_CONTEXT, True, os.environ if environ is None else environ
-    )
+    return bool(_settings(environ).get("trace_context", True))
 
 
 def vllm_owns_global_tracer_provider() -> bool:
@@ -97,7 +92,7 @@ def current_runtime(
         from otelgpu._api import instrument
 
         env = os.environ if environ is None else environ
-        if vllm_owns_global_tracer_provider() and not env.get("OTELGPU_ATTACH"):
+        if vllm_owns_global_tracer_provider() and not env.get(otelgpu_ev.OTELGPU_ATTACH):
             instrument(attach="never")
         else:
             instrument()

@@ -15,7 +15,8 @@
  * high. A sample holds the integrals of those functions up to its time (midpoint rule
  * on the library's 10 ms grid, exact for piecewise-constant inputs on the grid);
  * nvmlGpmMetricsGet divides their difference by the elapsed time, as the hardware
- * counters do.
+ * counters do (two samples at the same instant -- a frozen virtual clock -- give the
+ * values at that instant).
  *
  * Support: a device supports GPM when its architecture is Hopper (9) or newer and the
  * scenario does not list "gpm" as unsupported; elsewhere isSupportedDevice = 0 and
@@ -192,7 +193,7 @@ SIM_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
         return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH, 0);
     const struct sim_gpm_sample *a = mg->sample1, *b = mg->sample2;
     if (!a || !b || a->magic != GPM_SAMPLE_MAGIC || b->magic != GPM_SAMPLE_MAGIC || !a->filled ||
-        !b->filled || a->gpu != b->gpu || a->generation != b->generation || b->t_ns <= a->t_ns)
+        !b->filled || a->gpu != b->gpu || a->generation != b->generation || b->t_ns < a->t_ns)
         return leave(NVML_ERROR_INVALID_ARGUMENT, 0);
     if (mg->numMetrics > 477u) return leave(NVML_ERROR_INVALID_ARGUMENT, 0);
     const sim_gpu_config *g = &g_sim.gpu[a->gpu];
@@ -208,7 +209,15 @@ SIM_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
             if (src <= -3 && (g->nvlink_links <= 0 || (g->unsupported & FEAT_NVLINK))) break;
             if (src < 0 && src >= -2 && (g->unsupported & FEAT_PCIE)) break;
             double v;
-            if (src >= 0) v = (b->cum[src] - a->cum[src]) / dt;
+            if (dt <= 0) {
+                /* Both samples at one instant (a frozen virtual clock): the values at t. */
+                double u = sim_util_gpu(a->gpu, a->t_ns) / 100.0 / 1048576.0;
+                if (src >= 0) v = activity(a->gpu, src, a->t_ns);
+                else if (src == -1) v = g->pcie_tx_bps * u;
+                else if (src == -2) v = g->pcie_rx_bps * u;
+                else if (src == -3) v = g->nvlink_rx_bps * u;
+                else v = g->nvlink_tx_bps * u;
+            } else if (src >= 0) v = (b->cum[src] - a->cum[src]) / dt;
             else if (src == -1) v = (b->pcie_tx - a->pcie_tx) / dt / 1048576.0;
             else if (src == -2) v = (b->pcie_rx - a->pcie_rx) / dt / 1048576.0;
             else if (src == -3) v = (b->nvlink_rx - a->nvlink_rx) / dt / 1048576.0;

@@ -21,14 +21,27 @@ def _pynvml_reading(index: int) -> dict[str, Any]:
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
         util = pynvml.nvmlDeviceGetUtilizationRates(h)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        fields = pynvml.nvmlDeviceGetFieldValues(h, [74, 270, 197, 198, (138, 0xFFFFFFFF)])
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        mem_v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+        fields = pynvml.nvmlDeviceGetFieldValues(
+            h, [74, 270, 197, 198, (138, 0xFFFFFFFF), 82, 94]
+        )
+        remap = pynvml.nvmlDeviceGetRemappedRows(h)
         return {
             "uuid": pynvml.nvmlDeviceGetUUID(h),
             "gpu_util_pct": util.gpu,
             "memory_util_pct": util.memory,
-            "memory_used_bytes": mem.used,
+            "memory_used_bytes": mem.used,  # v2: excludes the reserved memory
+            "memory_reserved_bytes": mem.reserved,
+            "memory_used_v1_bytes": mem_v1.used,
             "memory_total_bytes": mem.total,
+            "memory_temperature_c": fields[5].value.uiVal,
+            "pcie_replay_count": fields[6].value.uiVal,
+            "remapped_rows": dict(
+                zip(("correctable", "uncorrectable", "pending", "failure"), remap, strict=True)
+            ),
+            "encoder_util_pct": pynvml.nvmlDeviceGetEncoderUtilization(h)[0],
+            "decoder_util_pct": pynvml.nvmlDeviceGetDecoderUtilization(h)[0],
             "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "energy_mj": pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
             "temperature_c": pynvml.nvmlDeviceGetTemperature(h, 0),
@@ -93,8 +106,18 @@ def test_every_field_matches_the_scenario_and_pynvml(
             "ecc_corrected",
             "ecc_uncorrected",
             "pstate",
+            "memory_reserved_bytes",
+            "memory_temperature_c",
+            "pcie_replay_count",
+            "remapped_rows",
+            "encoder_util_pct",
+            "decoder_util_pct",
         ):
             assert getattr(s, field) == expected[field], field
+        # Memory v2, as nvidia-smi: used excludes the reserved memory that v1 counts.
+        assert s.memory_reserved_bytes == 512 << 20  # the model's reserved_mib
+        assert s.memory_used_bytes + s.memory_reserved_bytes == expected["memory_used_v1_bytes"]
+        assert s.memory_temperature_c == (s.temperature_c or 0) + 6  # H100 mem offset 6 C
         assert s.throttle_ns["sw_power_cap"] == expected["sw_power_cap_ns"]
         assert s.throttle_ns["hw_thermal_slowdown"] == expected["hw_thermal_ns"]
         assert set(s.throttle_ns) >= {"sw_power_cap", "hw_thermal_slowdown", "sync_boost"}

@@ -2,9 +2,9 @@
 
 Prints the native-core status, the NVML in use (real driver, simulator, none) and its
 devices with what each supports (GPM activity, energy counter, memory v2, remapped
-rows… and NVML's reason when not), the resolved settings (a bad value is reported with the setting's name), the
-framework instrumentors that can load, and whether the OTLP endpoint accepts TCP
-connections. Exit status 1 when the configuration is invalid, else 0.
+rows… and NVML's reason when not), the resolved settings (a bad value is reported with
+the setting's name), the framework instrumentors that can load, and whether the OTLP
+endpoint accepts TCP connections. Exit status 1 when the configuration is invalid, else 0.
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from otelgpu.errors import ConfigurationError
-from otelgpu.nvml._library import NvmlUnavailableError, library_path, pynvml_init
 from otelgpu.nvml._details import read_details
+from otelgpu.nvml._library import NvmlUnavailableError, library_path, pynvml_init
 from otelgpu.nvml._types import DeviceDetails, DeviceInfo
 
 _logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class PhysicalGpu:
     memory_total_bytes: int
     compute_capability: tuple[int, int] | None = None
     migs: tuple[MigInstance, ...] = ()
-    extra: DeviceDetails = DeviceDetails()
+    extra: DeviceDetails = field(default_factory=DeviceDetails)
 
 
 def _device_info(gpu: PhysicalGpu, cuda_index: int | None) -> DeviceInfo:

@@ -46,7 +46,7 @@ class DeviceInfo:
     memory_total_bytes: int
     compute_capability: tuple[int, int] | None = None
     parent_uuid: str | None = None
-    details: DeviceDetails = field(default_factory=lambda: DeviceDetails())
+    details: DeviceDetails = field(default_factory=DeviceDetails)
 
     vendor: str = "nvidia"
 

@@ -28,6 +28,7 @@ from otelgpu.sampler import _fields as F
 
 _logger = logging.getLogger(__name__)
 
+
 class RawSample(NamedTuple):
     """One device reading as both cores store it; a field counts only when its ``F_*``
     bit is set in ``valid`` (``gpm[k]`` only when bit ``k`` of ``gpm_valid`` is set)."""
@@ -446,7 +447,7 @@ class PyCore:
                     return
                 d.gpm_sample = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
             except nv.NVMLError as exc:
-                self._check(d, s, F.F_GPM, int(exc.value))
+                self._check(d, s, F.F_GPM, _gpm_code(int(exc.value)))
                 return
             except AttributeError:
                 self._check(d, s, F.F_GPM, 13)
@@ -456,17 +457,13 @@ class PyCore:
             d.gpm_mg, d.gpm_cur, d.gpm_have_prev = mg, 0, False
         if probing:
             return
-        if (
-            d.gpm_have_prev
-            and t_ns > d.gpm_prev_t
-            and t_ns - d.gpm_prev_t < F.GPM_MIN_INTERVAL_NS
-        ):
+        if d.gpm_have_prev and t_ns > d.gpm_prev_t and t_ns - d.gpm_prev_t < F.GPM_MIN_INTERVAL_NS:
             return  # too soon: this sample has no GPM values
         try:
             nv.nvmlGpmSampleGet(d.handle, d.gpm_sample[d.gpm_cur])
         except nv.NVMLError as exc:
             d.gpm_have_prev = False
-            self._check(d, s, F.F_GPM, int(exc.value))
+            self._check(d, s, F.F_GPM, _gpm_code(int(exc.value)))
             return
         if d.gpm_have_prev and t_ns > d.gpm_prev_t and d.gpm_caps:
             self._gpm_metrics(d, s, t_ns)
@@ -779,6 +776,11 @@ class PyCore:
             )
 
 
+def _gpm_code(code: int) -> int:
+    """A GPM call's NO_PERMISSION switches GPM off for good (as otg_sample_gpm)."""
+    return F.OFF_GPM_NO_PERMISSION if code == 4 else code
+
+
 class _Span(NamedTuple):
     """The samples a window uses, and the two its counter deltas run between."""
 
@@ -931,14 +933,27 @@ def _gpm_means(used: list[RawSample], s_ns: int) -> tuple[int, tuple[float, ...]
     chosen = [p for p in used if p.t_ns > s_ns] or used
     sums = [0.0] * _NGPM
     weights = [0.0] * _NGPM
+    # While every sample has every metric, all weights are the same running sum: keep
+    # one scalar (the same additions in the same order as otg_window's per-metric sums).
+    w_all = 0.0
+    uniform = True
     for p in chosen:
         if not p.valid & F.F_GPM:
             continue
         dt = float(p.gpm_dt_ns)
+        if uniform and p.gpm_valid == F.GPM_ALL:
+            sums = [acc + v * dt for acc, v in zip(sums, p.gpm, strict=True)]
+            w_all += dt
+            continue
+        if uniform:
+            uniform = False
+            weights = [w_all] * _NGPM
         for j in range(_NGPM):
             if p.gpm_valid & (1 << j):
                 sums[j] += p.gpm[j] * dt
                 weights[j] += dt
+    if uniform:
+        weights = [w_all] * _NGPM
     valid = 0
     values = list(_ZERO_GPM)
     for j in range(_NGPM):
@@ -971,9 +986,7 @@ def _energy(span: _Span, agg: _Aggregate, s_ns: int, e_ns: int) -> tuple[float |
     return None, 0
 
 
-def _counter_deltas(
-    pa: RawSample, pb: RawSample
-) -> tuple[int, int, int, int, int, int, int, int]:
+def _counter_deltas(pa: RawSample, pb: RawSample) -> tuple[int, int, int, int, int, int, int, int]:
     """Deltas of ECC, PCIe, NVLink and PCIe-replay counters from ``pa`` to ``pb`` (0 and
     no bit when either lacks the field or the counter went backwards), then their bits."""
     both = pa.valid & pb.valid

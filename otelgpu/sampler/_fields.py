@@ -64,6 +64,8 @@ GPM_ALL = (1 << len(GPM_METRICS)) - 1
 GPM_MIN_INTERVAL_NS = 100_000_000
 #: Pseudo NVML return recorded when nvmlGpmQueryDeviceSupport says "not this device".
 OFF_GPM_DEVICE = 1000
+#: ...and when a GPM call answers NVML_ERROR_NO_PERMISSION (it will not change later).
+OFF_GPM_NO_PERMISSION = 1001
 
 #: Clock-event reasons meaning "clocks held down": SwPowerCap, HwSlowdown,
 #: SwThermal, HwThermal, HwPowerBrake, BoardLimit, Reliability (not GpuIdle,
@@ -164,7 +166,7 @@ EVENT_KINDS = ("xid", "ecc_uncorrected", "device_lost", "throttle_start")
 LOST_CODES = frozenset({15, 28})
 #: Returns that switch a field off for good: NOT_SUPPORTED, FUNCTION_NOT_FOUND,
 #: ARGUMENT_VERSION_MISMATCH (an older driver's struct version) and OFF_GPM_DEVICE.
-NOT_SUPPORTED_CODES = frozenset({3, 13, 25, OFF_GPM_DEVICE})
+NOT_SUPPORTED_CODES = frozenset({3, 13, 25, OFF_GPM_DEVICE, OFF_GPM_NO_PERMISSION})
 
 #: Why a field is not sampled, by the code that switched it off.
 OFF_REASONS: dict[int, str] = {
@@ -174,6 +176,10 @@ OFF_REASONS: dict[int, str] = {
     OFF_GPM_DEVICE: (
         "nvmlGpmQueryDeviceSupport: not supported on this GPU "
         "(GPM needs Hopper or newer; MIG instances need GPM permission)"
+    ),
+    OFF_GPM_NO_PERMISSION: (
+        "NVML_ERROR_NO_PERMISSION: this process may not read GPM counters "
+        "(profiling restricted to admin users, or a MIG instance without GPM access)"
     ),
 }
 TIMEOUT_CODE = 10

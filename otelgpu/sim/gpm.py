@@ -59,4 +59,3 @@ def gpm_config(dev: Mapping[str, Any]) -> dict[str, str]:
         else:
             out[f"gpm_ratio.{name}"] = repr(DEFAULT_RATIOS[key])
     return out
-

@@ -83,6 +83,8 @@ static const unsigned int OTG_GPM_IDS[OTG_NGPM] = {
 #define OTG_GPM_MIN_INTERVAL_NS 100000000ll
 /* Pseudo return code recorded when nvmlGpmQueryDeviceSupport says "not this device". */
 #define OTG_OFF_GPM_DEVICE 1000u
+/* ...and when a GPM call answers NVML_ERROR_NO_PERMISSION (it will not change later). */
+#define OTG_OFF_GPM_NO_PERMISSION 1001u
 
 #define OTG_STATUS_OK 0u
 #define OTG_STATUS_FIELD_ERRORS 1u
@@ -423,7 +425,8 @@ static int otg_check(otg_device_t *d, otg_sample_t *s, uint32_t bits, otg_ret_t 
         return 1;
     }
     if (r == OTG_NVML_ERROR_NOT_SUPPORTED || r == OTG_NVML_ERROR_FUNCTION_NOT_FOUND ||
-        r == OTG_NVML_ERROR_ARGUMENT_VERSION_MISMATCH || r == OTG_OFF_GPM_DEVICE) {
+        r == OTG_NVML_ERROR_ARGUMENT_VERSION_MISMATCH || r == OTG_OFF_GPM_DEVICE ||
+        r == OTG_OFF_GPM_NO_PERMISSION) {
         for (int k = 0; k < 32; k++)
             if (bits & (1u << k)) d->off_code[k] = r;
         __atomic_and_fetch(&d->caps, ~bits, __ATOMIC_RELAXED);
@@ -459,6 +462,7 @@ static void otg_sample_gpm(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, int 
         sup.version = NVML_GPM_SUPPORT_VERSION;
         r = n->GpmQueryDeviceSupport(d->handle, &sup);
         if (r == OTG_NVML_SUCCESS && !sup.isSupportedDevice) r = OTG_OFF_GPM_DEVICE;
+        if (r == OTG_NVML_ERROR_NO_PERMISSION) r = OTG_OFF_GPM_NO_PERMISSION;
         if (r != OTG_NVML_SUCCESS) {
             otg_check(d, s, OTG_F_GPM, r);
             return;
@@ -480,6 +484,7 @@ static void otg_sample_gpm(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, int 
         s->t_ns - d->gpm_prev_t < OTG_GPM_MIN_INTERVAL_NS)
         return; /* too soon: this sample has no GPM values */
     r = n->GpmSampleGet(d->handle, d->gpm_sample[d->gpm_cur]);
+    if (r == OTG_NVML_ERROR_NO_PERMISSION) r = OTG_OFF_GPM_NO_PERMISSION;
     if (r != OTG_NVML_SUCCESS) {
         d->gpm_have_prev = 0;
         otg_check(d, s, OTG_F_GPM, r);

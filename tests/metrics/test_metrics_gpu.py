@@ -111,7 +111,9 @@ def test_names_units_attributes_and_values(
         )
         assert _by_device(rows("otelgpu.gpu.dram.activity"), u) == [pytest.approx(0.35 * 0.8)]
         pipes = {
-            a["otelgpu.gpu.pipe"]: v for a, v in rows("otelgpu.gpu.pipe.activity") if a["hw.id"] == u
+            a["otelgpu.gpu.pipe"]: v
+            for a, v in rows("otelgpu.gpu.pipe.activity")
+            if a["hw.id"] == u
         }
         assert pipes == pytest.approx(
             {"fp16": 0.05 * 0.8, "fp32": 0.15 * 0.8, "fp64": 0.0, "integer": 0.1 * 0.8}

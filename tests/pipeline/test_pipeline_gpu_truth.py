@@ -26,9 +26,7 @@ def test_pipeline_memory_bound_step_spans_show_low_tensor_activity(
     spans = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
-    handle = otelgpu.instrument(
-        tracer_provider=provider, exporters="none", sample_interval_ms=100
-    )
+    handle = otelgpu.instrument(tracer_provider=provider, exporters="none", sample_interval_ms=100)
     try:
         time.sleep(0.25)  # the first GPM sample is the baseline of the next ones
         for _ in range(2):

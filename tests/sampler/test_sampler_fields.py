@@ -23,9 +23,7 @@ def _pynvml_reading(index: int) -> dict[str, Any]:
         util = pynvml.nvmlDeviceGetUtilizationRates(h)
         mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
         mem_v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
-        fields = pynvml.nvmlDeviceGetFieldValues(
-            h, [74, 270, 197, 198, (138, 0xFFFFFFFF), 82, 94]
-        )
+        fields = pynvml.nvmlDeviceGetFieldValues(h, [74, 270, 197, 198, (138, 0xFFFFFFFF), 82, 94])
         remap = pynvml.nvmlDeviceGetRemappedRows(h)
         return {
             "uuid": pynvml.nvmlDeviceGetUUID(h),

@@ -4,8 +4,8 @@
  * simulated library (src_ext/sim, which implements it).
  *
  * Layouts follow nvml.h (NVML_API_VERSION 13) for the LP64 ABIs (x86-64, aarch64);
- * tests/sim/test_sim_abi.py checks the sizes and offsets against pynvml's ctypes
- * declarations. Opaque handle tags can be renamed by the includer (the simulator
+ * their sizes are checked at compile time against pynvml's ctypes declarations (end of
+ * this file). Opaque handle tags can be renamed by the includer (the simulator
  * defines them as its own device and event-set structs):
  *   #define OTG_NVML_DEVICE_TAG sim_device   before including this header.
  */
@@ -133,6 +133,28 @@ typedef struct {
 #define NVML_GPM_METRIC_PCIE_RX_PER_SEC 21
 #define NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC 60
 #define NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC 61
+
+/* Layouts as pynvml declares them (x86-64 / aarch64 LP64): checked at compile time. */
+#define OTG_ABI_SIZE(t, n) _Static_assert(sizeof(t) == (n), "NVML ABI: sizeof " #t)
+OTG_ABI_SIZE(nvmlUtilization_t, 8);
+OTG_ABI_SIZE(nvmlMemory_t, 24);
+OTG_ABI_SIZE(nvmlMemory_v2_t, 40);
+OTG_ABI_SIZE(nvmlPciInfo_t, 68);
+OTG_ABI_SIZE(nvmlProcessInfo_t, 24);
+OTG_ABI_SIZE(nvmlProcessUtilizationSample_t, 32);
+OTG_ABI_SIZE(nvmlProcessUtilizationInfo_v1_t, 40);
+OTG_ABI_SIZE(nvmlProcessesUtilizationInfo_t, 24);
+OTG_ABI_SIZE(nvmlValue_t, 8);
+OTG_ABI_SIZE(nvmlSample_t, 16);
+OTG_ABI_SIZE(nvmlFieldValue_t, 40);
+OTG_ABI_SIZE(nvmlEventData_t, 32);
+OTG_ABI_SIZE(nvmlTemperature_t, 12);
+OTG_ABI_SIZE(nvmlViolationTime_t, 16);
+OTG_ABI_SIZE(nvmlBAR1Memory_t, 24);
+OTG_ABI_SIZE(nvmlGpmSupport_t, 8);
+OTG_ABI_SIZE(nvmlGpmMetric_t, 40);
+_Static_assert(__builtin_offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "NVML ABI: GPM metrics");
+#undef OTG_ABI_SIZE
 
 /* Field ids (nvmlDeviceGetFieldValues) and other constants used on both sides. */
 #define NVML_FI_DEV_MEMORY_TEMP 82

@@ -151,3 +151,32 @@ def test_sample_status_and_unknown_device(
     assert sampler.latest(sampler.devices[0].uuid) is None  # nothing sampled yet
     assert sampler.window("GPU-not-a-device", 0, 1) is None
     assert sampler.events(0, 2**62, uuid="GPU-not-a-device") == []
+
+
+def test_memory_falls_back_to_v1_without_memory_v2(
+    sim_scenario: Callable[..., sim.SimGpu],
+    make_sampler: Callable[..., BaseGpuSampler],
+    scenario_with: Callable[..., dict[str, Any]],
+) -> None:
+    """A driver without MemoryInfo v2 (< 515): memory is still sampled (v1, used includes
+    the reserved memory), only the reserved field is off -- with NVML's reason."""
+    gpu = sim_scenario(scenario_with(unsupported=["memory_v2"]))
+    sampler = make_sampler()
+    gpu.advance(1.0)
+    sampler.sample_once(timestamp_ns=gpu.time_ns())
+    uuid = sampler.devices[0].uuid
+    s = sampler.latest(uuid)
+    assert s is not None and s.status == "ok"
+    pynvml.nvmlInit()
+    try:
+        v1 = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    assert s.memory_used_bytes == v1.used == 21 * GIB + (512 << 20)
+    assert s.memory_reserved_bytes is None
+    assert "memory" in sampler.supported_fields(uuid)
+    assert "memory_reserved" not in sampler.supported_fields(uuid)
+    assert sampler.unsupported_fields(uuid) == {
+        "fan_speed": "the device does not support it (NVML_ERROR_NOT_SUPPORTED)",
+        "memory_reserved": "the device does not support it (NVML_ERROR_NOT_SUPPORTED)",
+    }

@@ -214,7 +214,7 @@ PSTATE = _gpu(
     source="nvmlDeviceGetPerformanceState",
 )
 
-MEMORY_RESERVED = _gpu(
+GPU_MEMORY_RESERVED = _gpu(
     "otelgpu.gpu.memory.reserved",
     _OUPDOWN,
     "By",
@@ -314,7 +314,7 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     NVLINK_IO,
     FAN_SPEED,
     PSTATE,
-    MEMORY_RESERVED,
+    GPU_MEMORY_RESERVED,
     TEMPERATURE_LIMIT,
     PCIE_REPLAYS,
     REMAPPED_ROWS,

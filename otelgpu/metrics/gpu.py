@@ -81,7 +81,7 @@ class GpuMetricsHandle:
             N.NVLINK_IO.name: self._nvlink_io,
             N.FAN_SPEED.name: self._fan,
             N.PSTATE.name: self._pstate,
-            N.MEMORY_RESERVED.name: self._memory_reserved,
+            N.GPU_MEMORY_RESERVED.name: self._memory_reserved,
             N.TEMPERATURE_LIMIT.name: self._temperature_limit,
             N.PCIE_REPLAYS.name: self._pcie_replays,
             N.REMAPPED_ROWS.name: self._remapped_rows,

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otelgpu
 from otelgpu import sim
-from otelgpu.otel import names
+from otelgpu.metrics import catalog
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
@@ -35,7 +35,7 @@ def test_pipeline_memory_bound_step_spans_show_low_tensor_activity(
     finally:
         handle.shutdown()
         provider.shutdown()
-    steps = [s for s in spans.get_finished_spans() if s.name == names.STEP_SPAN]
+    steps = [s for s in spans.get_finished_spans() if s.name == catalog.STEP_SPAN]
     assert len(steps) == 2
     for span in steps:
         attrs = dict(span.attributes or {})

@@ -7,8 +7,11 @@ in the same order of floating-point operations, so both twins give identical
 every sample, so a busy application thread slows it down (the benchmark measures
 by how much).
 
-Raw records are ``RawSample`` named tuples, raw windows ``RawWindow``; the native
-core returns the same types. Thread-safety: ``_data_lock`` guards rings and
+Raw records are ``RawSample`` named tuples, raw windows ``RawWindow`` (``_records``);
+the native core returns the same types; the window rules live in ``_window_py``. The
+module stays over 600 lines because it mirrors otg_sampler.h section by section (life
+cycle, capability checks, every NVML read including GPM, events, the sampling loop):
+splitting it further would separate code that must change together with its C twin. Thread-safety: ``_data_lock`` guards rings and
 events and is never held across an NVML call; ``_tick_lock`` serialises sampling
 rounds (the loop and ``sample_once``), so only another round ever waits on NVML.
 """
@@ -21,92 +24,24 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from otelgpu.nvml import NvmlUnavailableError, pynvml_init
 from otelgpu.sampler import _fields as F
+from otelgpu.sampler import _window_py as W
+from otelgpu.sampler._records import (
+    NGPM,
+    RAW_SAMPLE_FIELDS,
+    RAW_WINDOW_FIELDS,
+    ZERO_GPM,
+    ZERO_REMAP,
+    RawSample,
+    RawWindow,
+)
 
 _logger = logging.getLogger(__name__)
 
 
-class RawSample(NamedTuple):
-    """One device reading as both cores store it; a field counts only when its ``F_*``
-    bit is set in ``valid`` (``gpm[k]`` only when bit ``k`` of ``gpm_valid`` is set)."""
-
-    t_ns: int
-    valid: int
-    status: int
-    nerrors: int
-    gpu_util: int
-    mem_util: int
-    mem_used: int
-    mem_total: int
-    power_mw: int
-    temperature_c: int
-    energy_mj: int
-    sm_clock_mhz: int
-    mem_clock_mhz: int
-    reasons: int
-    throttle_ns: tuple[int, ...]
-    pcie_tx: int
-    pcie_rx: int
-    nvlink_tx: int
-    nvlink_rx: int
-    ecc_corr: int
-    ecc_uncorr: int
-    fan_pct: int
-    pstate: int
-    mem_reserved: int
-    mem_temp_c: int
-    pcie_replay: int
-    remap: tuple[int, int, int, int]  # correctable, uncorrectable, pending, failure
-    enc_util: int
-    dec_util: int
-    gpm_valid: int
-    gpm_dt_ns: int  # the GPM interval gpm[] covers, ending at t_ns
-    gpm: tuple[float, ...]
-
-
-class RawWindow(NamedTuple):
-    """Window statistics as both cores compute them (see ``PyCore.window``)."""
-
-    samples: int
-    lost: int
-    valid: int
-    gpu_util_mean: float
-    gpu_util_min: float
-    gpu_util_max: float
-    mem_util_mean: float
-    mem_used_peak: int
-    mem_total: int
-    power_mean_w: float
-    power_max_w: float
-    energy_j: float
-    energy_from_counter: int
-    temp_max: int
-    sm_clock_mean: float
-    reasons: int
-    throttled_fraction: float
-    ecc_corr_delta: int
-    ecc_uncorr_delta: int
-    pcie_tx: int
-    pcie_rx: int
-    nvlink_tx: int
-    nvlink_rx: int
-    mem_reserved: int
-    mem_temp_max: int
-    pcie_replay_delta: int
-    enc_util_mean: float
-    dec_util_mean: float
-    gpm_valid: int
-    gpm: tuple[float, ...]
-
-
-RAW_SAMPLE_FIELDS = list(RawSample._fields)
-RAW_WINDOW_FIELDS = list(RawWindow._fields)
-_NGPM = len(F.GPM_METRICS)
-_ZERO_GPM = (0.0,) * _NGPM
-_ZERO_REMAP = (0, 0, 0, 0)
 _ZERO_THROTTLE = (0,) * len(F.THROTTLE_COUNTERS)
 
 
@@ -473,7 +408,7 @@ class PyCore:
         nv = self._nvml
         mg = d.gpm_mg
         mg.sample1, mg.sample2 = d.gpm_sample[1 - d.gpm_cur], d.gpm_sample[d.gpm_cur]
-        idx = [k for k in range(_NGPM) if d.gpm_caps & (1 << k)]
+        idx = [k for k in range(NGPM) if d.gpm_caps & (1 << k)]
         for j, k in enumerate(idx):
             mg.metrics[j].metricId = F.GPM_IDS[k]
         mg.numMetrics = len(idx)
@@ -482,7 +417,7 @@ class PyCore:
         except nv.NVMLError as exc:
             self._check(d, s, F.F_GPM, int(exc.value))
             return
-        values = list(_ZERO_GPM)
+        values = list(ZERO_GPM)
         valid = 0
         for j, k in enumerate(idx):
             m = mg.metrics[j]
@@ -515,7 +450,7 @@ class PyCore:
             self._check(d, s, all_bits, int(exc.value))
             return
         throttle = list(_ZERO_THROTTLE)
-        remap = list(_ZERO_REMAP)
+        remap = list(ZERO_REMAP)
         for (fid, _scope, bit), fv in zip(requests, values, strict=False):
             if fv.nvmlReturn != 0:
                 self._check(d, s, bit, int(fv.nvmlReturn))
@@ -569,10 +504,10 @@ class PyCore:
             g("fan_pct", F.F_FAN), g("pstate", F.F_PSTATE),
             g("mem_reserved", F.F_MEM_RESERVED), g("mem_temp_c", F.F_MEM_TEMP),
             g("pcie_replay", F.F_PCIE_REPLAY),
-            v.get("remap", _ZERO_REMAP) if valid & F.F_REMAP else _ZERO_REMAP,
+            v.get("remap", ZERO_REMAP) if valid & F.F_REMAP else ZERO_REMAP,
             g("enc_util", F.F_ENC), g("dec_util", F.F_DEC),
             v["gpm_valid"] if gpm else 0, v["gpm_dt_ns"] if gpm else 0,
-            v["gpm"] if gpm else _ZERO_GPM,
+            v["gpm"] if gpm else ZERO_GPM,
         )  # fmt: skip
 
     # data_lock held for the three helpers below.
@@ -702,15 +637,15 @@ class PyCore:
         with self._data_lock:
             d = self._dev[i]
             n = min(d.head, self._cap)
-            span = _bisect(d.ring, d.head - n, n, self._cap, s_ns, e_ns)
+            span = W.bisect(d.ring, d.head - n, n, self._cap, s_ns, e_ns)
             lost = 1 if d.lost and d.lost_t_ns <= e_ns else 0
         if span is None:
             return None
         # The records are immutable tuples: aggregate outside the lock.
-        agg = _aggregate(span.used)
-        gpm_valid, gpm = _gpm_means(span.used, s_ns)
-        energy, from_counter = _energy(span, agg, s_ns, e_ns)
-        d_ecc_c, d_ecc_u, d_ptx, d_prx, d_ntx, d_nrx, d_replay, delta_bits = _counter_deltas(
+        agg = W.aggregate(span.used)
+        gpm_valid, gpm = W.gpm_means(span.used, s_ns)
+        energy, from_counter = W.energy(span, agg, s_ns, e_ns)
+        d_ecc_c, d_ecc_u, d_ptx, d_prx, d_ntx, d_nrx, d_replay, delta_bits = W.counter_deltas(
             span.a, span.b
         )
         valid = agg.valid | delta_bits
@@ -779,238 +714,6 @@ class PyCore:
 def _gpm_code(code: int) -> int:
     """A GPM call's NO_PERMISSION switches GPM off for good (as otg_sample_gpm)."""
     return F.OFF_GPM_NO_PERMISSION if code == 4 else code
-
-
-class _Span(NamedTuple):
-    """The samples a window uses, and the two its counter deltas run between."""
-
-    used: list[RawSample]
-    a: RawSample  # newest at or before the window start, else the first used
-    b: RawSample  # the last used
-    distinct: bool  # a and b are different samples
-
-
-def _bisect(
-    ring: list[RawSample | None], first: int, n: int, cap: int, s_ns: int, e_ns: int
-) -> _Span | None:
-    """Binary search of a time-sorted ring for the window ``[s_ns, e_ns]`` (data lock held)."""
-
-    def at(k: int) -> RawSample:
-        rec = ring[(first + k) % cap]
-        assert rec is not None
-        return rec
-
-    x, y = 0, n
-    while x < y:  # lo = first k with t >= s
-        m = x + (y - x) // 2
-        if at(m).t_ns < s_ns:
-            x = m + 1
-        else:
-            y = m
-    lo = x
-    y = n
-    while x < y:  # hi = first k with t > e
-        m = x + (y - x) // 2
-        if at(m).t_ns <= e_ns:
-            x = m + 1
-        else:
-            y = m
-    hi = x
-    if hi > lo:
-        f, last = lo, hi - 1
-    elif lo > 0:
-        f = last = lo - 1
-    else:
-        return None
-    a = lo if (lo < n and at(lo).t_ns == s_ns) or lo == 0 else lo - 1
-    return _Span([at(k) for k in range(f, last + 1)], at(a), at(last), a < last)
-
-
-class _Aggregate(NamedTuple):
-    valid: int
-    gpu_util_mean: float
-    gpu_util_min: float
-    gpu_util_max: float
-    mem_util_mean: float
-    mem_used_peak: int
-    mem_total: int
-    power_mean_w: float
-    power_max_w: float
-    temp_max: int
-    sm_clock_mean: float
-    reasons: int
-    throttled_fraction: float
-    mem_reserved: int
-    mem_temp_max: int
-    enc_util_mean: float
-    dec_util_mean: float
-
-
-def _aggregate(used: list[RawSample]) -> _Aggregate:
-    """Means, extremes and unions of the gauges over the used samples (as otg_window)."""
-    valid = 0
-    n_util = sum_gpu = sum_mem = n_power = sum_power = max_power = 0
-    n_sm = sum_sm = n_reason = n_throttled = n_enc = sum_enc = n_dec = sum_dec = 0
-    min_gpu = max_gpu = 0
-    peak = total = temp_max = reasons = reserved = mem_temp_max = 0
-    for p in used:
-        pv = p.valid
-        if pv & F.F_UTIL:
-            g = p.gpu_util
-            if n_util == 0 or g < min_gpu:
-                min_gpu = g
-            if n_util == 0 or g > max_gpu:
-                max_gpu = g
-            sum_gpu += g
-            sum_mem += p.mem_util
-            n_util += 1
-        if pv & F.F_MEMORY:
-            if not valid & F.F_MEMORY or p.mem_used > peak:
-                peak = p.mem_used
-            total = p.mem_total
-            valid |= F.F_MEMORY
-        if pv & F.F_POWER:
-            if n_power == 0 or p.power_mw > max_power:
-                max_power = p.power_mw
-            sum_power += p.power_mw
-            n_power += 1
-        if pv & F.F_TEMP:
-            if not valid & F.F_TEMP or p.temperature_c > temp_max:
-                temp_max = p.temperature_c
-            valid |= F.F_TEMP
-        if pv & F.F_SM_CLOCK:
-            sum_sm += p.sm_clock_mhz
-            n_sm += 1
-        if pv & F.F_REASONS:
-            reasons |= p.reasons
-            if p.reasons & F.THROTTLE_MASK:
-                n_throttled += 1
-            n_reason += 1
-        if pv & F.F_MEM_RESERVED:
-            reserved = p.mem_reserved
-            valid |= F.F_MEM_RESERVED
-        if pv & F.F_MEM_TEMP:
-            if not valid & F.F_MEM_TEMP or p.mem_temp_c > mem_temp_max:
-                mem_temp_max = p.mem_temp_c
-            valid |= F.F_MEM_TEMP
-        if pv & F.F_ENC:
-            sum_enc += p.enc_util
-            n_enc += 1
-        if pv & F.F_DEC:
-            sum_dec += p.dec_util
-            n_dec += 1
-    gmean = gmin = gmax = mmean = pmean = pmax = smmean = tfrac = emean = dmean = 0.0
-    if n_util:
-        valid |= F.F_UTIL
-        gmean = float(sum_gpu) / float(n_util)
-        gmin, gmax = float(min_gpu), float(max_gpu)
-        mmean = float(sum_mem) / float(n_util)
-    if n_power:
-        valid |= F.F_POWER
-        pmean = float(sum_power) / float(n_power) / 1000.0
-        pmax = float(max_power) / 1000.0
-    if n_sm:
-        valid |= F.F_SM_CLOCK
-        smmean = float(sum_sm) / float(n_sm)
-    if n_reason:
-        valid |= F.F_REASONS
-        tfrac = float(n_throttled) / float(n_reason)
-    if n_enc:
-        valid |= F.F_ENC
-        emean = float(sum_enc) / float(n_enc)
-    if n_dec:
-        valid |= F.F_DEC
-        dmean = float(sum_dec) / float(n_dec)
-    return _Aggregate(
-        valid, gmean, gmin, gmax, mmean, peak, total, pmean, pmax, temp_max, smmean,
-        reasons, tfrac, reserved, mem_temp_max, emean, dmean,
-    )  # fmt: skip
-
-
-def _gpm_means(used: list[RawSample], s_ns: int) -> tuple[int, tuple[float, ...]]:
-    """Interval-weighted GPM means over the used samples with ``t > s`` (all used ones
-    when there are none): ``(valid bits, values)``."""
-    chosen = [p for p in used if p.t_ns > s_ns] or used
-    sums = [0.0] * _NGPM
-    weights = [0.0] * _NGPM
-    # While every sample has every metric, all weights are the same running sum: keep
-    # one scalar (the same additions in the same order as otg_window's per-metric sums).
-    w_all = 0.0
-    uniform = True
-    for p in chosen:
-        if not p.valid & F.F_GPM:
-            continue
-        dt = float(p.gpm_dt_ns)
-        if uniform and p.gpm_valid == F.GPM_ALL:
-            sums = [acc + v * dt for acc, v in zip(sums, p.gpm, strict=True)]
-            w_all += dt
-            continue
-        if uniform:
-            uniform = False
-            weights = [w_all] * _NGPM
-        for j in range(_NGPM):
-            if p.gpm_valid & (1 << j):
-                sums[j] += p.gpm[j] * dt
-                weights[j] += dt
-    if uniform:
-        weights = [w_all] * _NGPM
-    valid = 0
-    values = list(_ZERO_GPM)
-    for j in range(_NGPM):
-        if weights[j] > 0:
-            values[j] = sums[j] / weights[j]
-            valid |= 1 << j
-    return valid, tuple(values)
-
-
-def _energy(span: _Span, agg: _Aggregate, s_ns: int, e_ns: int) -> tuple[float | None, int]:
-    """Energy over the window: the counter delta scaled to the window when both span
-    the counter's refresh, else mean power x length; ``(joules, from_counter)``."""
-    pa, pb = span.a, span.b
-    if (
-        span.distinct
-        and pa.valid & pb.valid & F.F_ENERGY
-        and pb.energy_mj >= pa.energy_mj
-        and e_ns - s_ns >= F.ENERGY_MIN_SPAN_NS
-        and pb.t_ns - pa.t_ns >= F.ENERGY_MIN_SPAN_NS
-    ):
-        joules = (
-            float(pb.energy_mj - pa.energy_mj)
-            * float(e_ns - s_ns)
-            / float(pb.t_ns - pa.t_ns)
-            / 1000.0
-        )
-        return joules, 1
-    if agg.valid & F.F_POWER:
-        return agg.power_mean_w * float(e_ns - s_ns) / 1e9, 0
-    return None, 0
-
-
-def _counter_deltas(pa: RawSample, pb: RawSample) -> tuple[int, int, int, int, int, int, int, int]:
-    """Deltas of ECC, PCIe, NVLink and PCIe-replay counters from ``pa`` to ``pb`` (0 and
-    no bit when either lacks the field or the counter went backwards), then their bits."""
-    both = pa.valid & pb.valid
-    out: list[int] = []
-    bits = 0
-    for bit, name in _COUNTERS:
-        va, vb = getattr(pa, name), getattr(pb, name)
-        if both & bit and vb >= va:
-            out.append(vb - va)
-            bits |= bit
-        else:
-            out.append(0)
-    return (*out, bits)  # type: ignore[return-value]
-
-
-_COUNTERS = (
-    (F.F_ECC_CORR, "ecc_corr"),
-    (F.F_ECC_UNCORR, "ecc_uncorr"),
-    (F.F_PCIE_TX, "pcie_tx"),
-    (F.F_PCIE_RX, "pcie_rx"),
-    (F.F_NVLINK_TX, "nvlink_tx"),
-    (F.F_NVLINK_RX, "nvlink_rx"),
-    (F.F_PCIE_REPLAY, "pcie_replay"),
-)
 
 
 def _field_u64(fv: Any) -> int:

@@ -40,7 +40,8 @@ from typing import Any, ClassVar, Protocol
 from otelgpu.errors import ConfigurationError
 from otelgpu.nvml import DeviceInfo, DeviceSpec, NvmlUnavailableError, discover, library_path
 from otelgpu.sampler import _fields as F
-from otelgpu.sampler._core_py import PyCore, RawSample, RawWindow
+from otelgpu.sampler._core_py import PyCore
+from otelgpu.sampler._records import RawSample, RawWindow
 from otelgpu.sampler._types import (
     GpuEvent,
     GpuSample,

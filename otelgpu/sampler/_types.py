@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from otelgpu.sampler import _fields as F
 
 if TYPE_CHECKING:
-    from otelgpu.sampler._core_py import RawSample, RawWindow
+    from otelgpu.sampler._records import RawSample, RawWindow
 
 AttributeValue = str | bool | int | float | Sequence[str] | Sequence[int]
 

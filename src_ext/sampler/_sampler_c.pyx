@@ -11,7 +11,7 @@ caller's thread, from records copied out under a short C mutex.
 
 import threading
 
-from otelgpu.sampler._core_py import RawSample, RawWindow
+from otelgpu.sampler._records import RawSample, RawWindow
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc

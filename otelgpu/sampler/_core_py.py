@@ -11,8 +11,10 @@ Raw records are ``RawSample`` named tuples, raw windows ``RawWindow`` (``_record
 the native core returns the same types; the window rules live in ``_window_py``. The
 module stays over 600 lines because it mirrors otg_sampler.h section by section (life
 cycle, capability checks, every NVML read including GPM, events, the sampling loop):
-splitting it further would separate code that must change together with its C twin. Thread-safety: ``_data_lock`` guards rings and
-events and is never held across an NVML call; ``_tick_lock`` serialises sampling
+splitting it further would separate code that must change together with its C twin.
+
+Thread-safety: ``_data_lock`` guards rings and events and is never held across an NVML
+call; ``_tick_lock`` serialises sampling
 rounds (the loop and ``sample_once``), so only another round ever waits on NVML.
 """
 

@@ -14,8 +14,8 @@ cycle, capability checks, every NVML read including GPM, events, the sampling lo
 splitting it further would separate code that must change together with its C twin.
 
 Thread-safety: ``_data_lock`` guards rings and events and is never held across an NVML
-call; ``_tick_lock`` serialises sampling
-rounds (the loop and ``sample_once``), so only another round ever waits on NVML.
+call; ``_tick_lock`` serialises sampling rounds (the loop and ``sample_once``), so only
+another round ever waits on NVML.
 """
 
 from __future__ import annotations

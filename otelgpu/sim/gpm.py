@@ -45,6 +45,9 @@ DEFAULT_RATIOS: dict[str, float] = {
     "integer_activity": 0.1,
 }
 
+#: Device key: GPM calls answer NVML_ERROR_NO_PERMISSION (a host restricting profiling).
+NO_PERMISSION_KEY = "gpm_no_permission"
+
 #: First architecture number (``nvmlDeviceGetArchitecture``) with GPM: Hopper.
 MIN_ARCHITECTURE = 9
 
@@ -52,6 +55,8 @@ MIN_ARCHITECTURE = 9
 def gpm_config(dev: Mapping[str, Any]) -> dict[str, str]:
     """Normalized ``gpu.<i>.*`` lines for a resolved device's GPM activities."""
     out: dict[str, str] = {}
+    if dev.get(NO_PERMISSION_KEY):
+        out["gpm_no_permission"] = "1"
     for key, name in GPM_KEYS.items():
         pattern = dev.get(key)
         if pattern is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from otelgpu.errors import ConfigurationError
-from otelgpu.sim.gpm import GPM_KEYS, gpm_config
+from otelgpu.sim.gpm import GPM_KEYS, NO_PERMISSION_KEY, gpm_config
 from otelgpu.sim.models import ARCHITECTURES, HGX_BUSES, model_defaults, model_names
 
 if sys.version_info >= (3, 11):
@@ -144,6 +144,7 @@ _DEVICE_KEYS: dict[str, str] = {
     "memory_used_gib": "pattern",
     "power_w": "pattern",
     **dict.fromkeys(GPM_KEYS, "percent_pattern"),
+    NO_PERMISSION_KEY: "bool",
 }
 
 _TOP_KEYS = (

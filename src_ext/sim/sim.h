@@ -157,6 +157,7 @@ typedef struct {
     /* GPM activity k in percent: gpm[k](t) when given, else gpm_ratio[k] x util(t). */
     sim_pattern gpm[GPM_NACT];
     double gpm_ratio[GPM_NACT];
+    int gpm_no_permission; /* GPM calls answer NVML_ERROR_NO_PERMISSION (restricted host) */
 } sim_gpu_config;
 
 enum event_kind {

@@ -35,6 +35,7 @@ typedef struct {
 
 static const gpu_key GPU_KEYS[] = {
     /* GPM activity (sim_gpm.c), index order of the GPM_* enum in sim.h */
+    F("gpm_no_permission", K_INT, gpm_no_permission),
     F("gpm.sm_active", K_PATTERN, gpm[0]),
     F("gpm_ratio.sm_active", K_DOUBLE, gpm_ratio[0]),
     F("gpm.sm_occupancy", K_PATTERN, gpm[1]),

@@ -21,6 +21,8 @@
  * Support: a device supports GPM when its architecture is Hopper (9) or newer and the
  * scenario does not list "gpm" as unsupported; elsewhere isSupportedDevice = 0 and
  * nvmlGpmSampleGet returns NVML_ERROR_NOT_SUPPORTED (as on A100 and consumer cards).
+ * With gpm_no_permission the device is supported but nvmlGpmSampleGet answers
+ * NVML_ERROR_NO_PERMISSION (a host that restricts profiling counters).
  *
  * Every function takes g_sim.lock, like the rest of the library.
  */
@@ -145,6 +147,7 @@ SIM_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sampl
     if (rc) return leave(rc, lat);
     if (!sample || sample->magic != GPM_SAMPLE_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT, lat);
     if (!gpm_supported(gi)) return leave(NVML_ERROR_NOT_SUPPORTED, lat);
+    if (g_sim.gpu[gi].gpm_no_permission) return leave(NVML_ERROR_NO_PERMISSION, lat);
     sim_integrate(gi, now);
     gpm_integrate(gi, now);
     const sim_integ *in = &g_sim.integ[gi];

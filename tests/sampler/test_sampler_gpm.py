@@ -264,3 +264,26 @@ def test_data_starved_steps_sm_activity_collapses_while_utilization_stays(
     assert stall.sm_activity_pct == pytest.approx(6.0)
     assert busy.sm_activity_pct == pytest.approx(80.0)
     assert stall.tensor_activity_pct == pytest.approx(1.0)
+
+
+def test_gpm_without_permission_is_switched_off_with_the_reason(
+    sim_scenario: Callable[..., sim.SimGpu], make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    """A host that restricts profiling counters: nvmlGpmSampleGet answers NO_PERMISSION.
+    GPM goes off for that GPU (asked once, not every round) with that reason."""
+    gpu = sim_scenario(
+        {
+            "version": 1,
+            "name": "gpm-restricted",
+            "gpus": {"count": 1, "model": "H100-SXM", "utilization": 80, "gpm_no_permission": True},
+        }
+    )
+    sampler = make_sampler(interval_s=0.1)
+    origin = _drive(gpu, sampler, 1.0)
+    uuid = sampler.devices[0].uuid
+    w = sampler.window(uuid, origin, origin + 1_000_000_000)
+    assert w is not None and w.gpu_util_mean_pct == 80.0 and w.sm_activity_pct is None
+    latest = sampler.latest(uuid)
+    assert latest is not None and latest.status == "ok" and latest.field_errors == 0
+    assert "gpm" not in sampler.supported_fields(uuid)
+    assert "NVML_ERROR_NO_PERMISSION" in sampler.unsupported_fields(uuid)["gpm"]

@@ -138,3 +138,17 @@ def test_sim_gpm_samples_of_a_previous_scenario_are_rejected(
         pynvml.nvmlGpmSampleFree(s2)
     finally:
         pynvml.nvmlShutdown()
+
+
+def test_sim_gpm_no_permission(sim_scenario: Callable[..., sim.SimGpu]) -> None:
+    sim_scenario(_scenario("H100-SXM", gpm_no_permission=True))
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice == 1
+        sample = pynvml.nvmlGpmSampleAlloc()
+        with pytest.raises(pynvml.NVMLError_NoPermission):
+            pynvml.nvmlGpmSampleGet(h, sample)
+        pynvml.nvmlGpmSampleFree(sample)
+    finally:
+        pynvml.nvmlShutdown()

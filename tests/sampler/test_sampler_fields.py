@@ -180,3 +180,22 @@ def test_memory_falls_back_to_v1_without_memory_v2(
         "fan_speed": "the device does not support it (NVML_ERROR_NOT_SUPPORTED)",
         "memory_reserved": "the device does not support it (NVML_ERROR_NOT_SUPPORTED)",
     }
+
+
+def test_device_details_match_pynvml(
+    sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    """VBIOS, serial and temperature limits on DeviceInfo, read once at discovery."""
+    sampler = make_sampler()
+    pynvml.nvmlInit()
+    try:
+        for index, device in enumerate(sampler.devices):
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            assert device.uuid == pynvml.nvmlDeviceGetUUID(h)
+            assert device.vbios_version == pynvml.nvmlDeviceGetVbiosVersion(h)
+            assert device.serial == pynvml.nvmlDeviceGetSerial(h)
+            d = device.details
+            assert d.slowdown_temp_c == pynvml.nvmlDeviceGetTemperatureThreshold(h, 1) == 87
+            assert d.shutdown_temp_c == pynvml.nvmlDeviceGetTemperatureThreshold(h, 0) == 92
+    finally:
+        pynvml.nvmlShutdown()

@@ -48,9 +48,6 @@ DEFAULT_RATIOS: dict[str, float] = {
 #: Device key: GPM calls answer NVML_ERROR_NO_PERMISSION (a host restricting profiling).
 NO_PERMISSION_KEY = "gpm_no_permission"
 
-#: First architecture number (``nvmlDeviceGetArchitecture``) with GPM: Hopper.
-MIN_ARCHITECTURE = 9
-
 
 def gpm_config(dev: Mapping[str, Any]) -> dict[str, str]:
     """Normalized ``gpu.<i>.*`` lines for a resolved device's GPM activities."""

@@ -85,7 +85,7 @@ def c_libraries() -> list[Extension]:
         Extension(
             "otelgpu.sim.lib._nvml_sim",
             sources,
-            include_dirs=["src_ext/sim"],
+            include_dirs=["src_ext/sim", "src_ext"],
             extra_compile_args=[*OPT, "-std=gnu11", "-fvisibility=hidden", "-pthread"],
             extra_link_args=["-Wl,-soname,libnvidia-ml.so.1", "-pthread", "-lm"],
         )

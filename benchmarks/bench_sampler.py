@@ -9,6 +9,11 @@ the GIL runs for --seconds while each sampler samples the 8 GPUs at 100 ms and 1
 * otelgpu's pure-Python twin (pynvml on a Python thread);
 * a plain pynvml polling thread (8 GPUs x 6 fields), the way most tools poll.
 
+The simulated GPUs are H100s, so both otelgpu samplers also take GPM samples (SM /
+tensor / DRAM activity: one nvmlGpmSampleGet + one nvmlGpmMetricsGet per GPU every
+>= 100 ms); at 10/s the same run repeats both samplers on H100s whose GPM is switched
+off ("GPM off"), which isolates GPM's cost.
+
 Reported per row (--repeat runs, each paired with a baseline run; best-of for throughput):
 loop throughput relative to the baseline, the sampling rate achieved while the main
 thread was busy, and the CPU the process spent outside the main thread. Also the
@@ -134,7 +139,11 @@ def window_cost_us(sampler_cls: type, gpu: object) -> float:
         sampler.sample_once(timestamp_ns=t0 + k * 100_000_000)
     uuid = sampler.devices[0].uuid
     end = t0 + 10_000_000_000
-    assert sampler.window(uuid, t0, end).samples == 101
+    stats = sampler.window(uuid, t0, end)
+    assert stats.samples == 101
+    # the GPM scenario's windows carry GPM means; the other's none
+    gpm = "gpm" in sampler.supported_fields(uuid)
+    assert (stats.sm_activity_pct is not None) == gpm
     runs = []
     for _ in range(7):
         n = 2000
@@ -158,20 +167,29 @@ def main() -> None:
     from otelgpu import sim
     from otelgpu.sampler import NativeGpuSampler, PyGpuSampler
 
-    scenario = {
-        "version": 1,
-        "name": "bench-8gpu",
-        "driver": {"latency_ms": args.latency_us / 1000.0},
-        "gpus": {"count": GPUS, "model": "H100-SXM", "utilization": 90},
-    }
-    gpu = sim.activate(scenario, clock="wall")
+    def scenario(gpm: bool) -> dict[str, object]:
+        gpus: dict[str, object] = {"count": GPUS, "model": "H100-SXM", "utilization": 90}
+        if not gpm:
+            gpus["unsupported"] = ["gpm"]
+        return {
+            "version": 1,
+            "name": "bench-8gpu" + ("" if gpm else "-nogpm"),
+            "driver": {"latency_ms": args.latency_us / 1000.0},
+            "gpus": gpus,
+        }
+
     secs = args.seconds
 
     load_before = os.getloadavg()[0]
     rows: list[Row] = []
-    for interval in (0.1, 0.01):
+    for interval, gpm in ((0.1, True), (0.1, False), (0.01, True)):
+        gpu = sim.activate(scenario(gpm), clock="wall")
+        tag = "GPM on" if gpm else "GPM off"
         makers: list[tuple[str, Callable[[], tuple[Callable[[], int], Callable[[], object]]]]] = []
-        for name, cls in (("native sampler", NativeGpuSampler), ("pure-Python twin", PyGpuSampler)):
+        for name, cls in (
+            (f"native sampler, {tag}", NativeGpuSampler),
+            (f"pure-Python twin, {tag}", PyGpuSampler),
+        ):
             if cls is not None:
 
                 def make(
@@ -190,15 +208,20 @@ def main() -> None:
             poller.start()
             return poller.rounds, poller.stop
 
-        makers.append(("pynvml polling thread", make_poller))
+        if gpm:
+            makers.append(("pynvml polling thread (no GPM)", make_poller))
         for name, make in makers:
             row = Row(name, 1 / interval)
             for _ in range(args.repeat):
                 measure(row, make, secs)
             rows.append(row)
 
-    native_us = window_cost_us(NativeGpuSampler, gpu) if NativeGpuSampler is not None else None
-    py_us = window_cost_us(PyGpuSampler, gpu)
+    window_us: dict[tuple[str, bool], float] = {}
+    for gpm in (True, False):
+        gpu = sim.activate(scenario(gpm), clock="wall")
+        for name, cls in (("native sampler", NativeGpuSampler), ("pure-Python twin", PyGpuSampler)):
+            if cls is not None:
+                window_us[(name, gpm)] = window_cost_us(cls, gpu)
 
     lines = [
         "# Sampler overhead",
@@ -228,12 +251,15 @@ def main() -> None:
         )
     lines += [
         "",
-        "| window() for a 10 s window (101 samples at 100 ms) | µs per call |",
-        "|---|---|",
+        "| window() for a 10 s window (101 samples at 100 ms) | GPM on: µs per call "
+        "| GPM off: µs per call |",
+        "|---|---|---|",
     ]
-    if native_us is not None:
-        lines.append(f"| native sampler | {native_us:.2f} |")
-    lines.append(f"| pure-Python twin | {py_us:.2f} |")
+    for name in ("native sampler", "pure-Python twin"):
+        if (name, True) in window_us:
+            lines.append(
+                f"| {name} | {window_us[(name, True)]:.2f} | {window_us[(name, False)]:.2f} |"
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """``otelgpu doctor``: what otelgpu would do here, and why.
 
 Prints the native-core status, the NVML in use (real driver, simulator, none) and its
-devices, the resolved settings (a bad value is reported with the setting's name), the
-framework instrumentors that can load, and whether the OTLP endpoint accepts TCP
-connections. Exit status 1 when the configuration is invalid, else 0.
+devices with what each supports (GPM activity, energy counter, memory v2, remapped
+rows… and NVML's reason when not), the resolved settings (a bad value is reported with
+the setting's name), the framework instrumentors that can load, and whether the OTLP
+endpoint accepts TCP connections. Exit status 1 when the configuration is invalid, else 0.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ def report(out: TextIO) -> int:
         print(
             "  no NVML device (no driver, or no GPU); `otelgpu demo` uses the simulator", file=out
         )
+    if inventory.uuids:
+        from otelgpu.commands._capabilities import report_capabilities
+
+        report_capabilities(out)
     job = job_attributes()
     if job:
         print("  job: " + ", ".join(f"{k}={v}" for k, v in job.items()), file=out)

@@ -72,19 +72,20 @@ GPU_UTILIZATION = _gpu(
     "hw.gpu.utilization",
     _OGAUGE,
     "1",
-    "Fraction of time the GPU was busy, per task: general (one or more kernels executing), "
-    "encoder, decoder (NVML utilization / 100; encoder/decoder where the sampler reads them).",
+    "Fraction of time one or more kernels was executing (NVML utilization / 100); "
+    "hw.gpu.task encoder / decoder: the video engines' utilization.",
     ("hw.gpu.task",),
     semconv=True,
-    source="nvmlDeviceGetUtilizationRates",
+    source="nvmlDeviceGetUtilizationRates, nvmlDeviceGetEncoder/DecoderUtilization",
 )
 GPU_MEMORY_USAGE = _gpu(
     "hw.gpu.memory.usage",
     _OUPDOWN,
     "By",
-    "GPU memory used.",
+    "GPU memory used, without the driver's reserved memory where NVML has memory v2 "
+    "(driver >= 515), as nvidia-smi shows it.",
     semconv=True,
-    source="nvmlDeviceGetMemoryInfo",
+    source="nvmlDeviceGetMemoryInfo_v2 (else v1)",
 )
 GPU_MEMORY_LIMIT = _gpu(
     "hw.gpu.memory.limit",
@@ -122,10 +123,10 @@ TEMPERATURE = _gpu(
     "hw.temperature",
     _OGAUGE,
     "Cel",
-    "GPU temperature.",
+    "GPU temperature; hw.sensor_location memory: the HBM temperature.",
     ("hw.sensor_location",),
     semconv=True,
-    source="nvmlDeviceGetTemperature",
+    source="nvmlDeviceGetTemperature, nvmlDeviceGetFieldValues (memory temperature)",
 )
 GPU_IO = _gpu(
     "hw.gpu.io",
@@ -231,6 +232,85 @@ PSTATE = _gpu(
     source="nvmlDeviceGetPerformanceState",
 )
 
+GPU_MEMORY_RESERVED = _gpu(
+    "otelgpu.gpu.memory.reserved",
+    _OUPDOWN,
+    "By",
+    "GPU memory reserved by the driver and firmware; not in hw.gpu.memory.usage.",
+    source="nvmlDeviceGetMemoryInfo_v2",
+)
+TEMPERATURE_LIMIT = _gpu(
+    "otelgpu.gpu.temperature.limit",
+    _OGAUGE,
+    "Cel",
+    "Temperature at which the GPU slows its clocks (slowdown) or shuts down (shutdown).",
+    ("otelgpu.gpu.temperature.limit_type",),
+    source="nvmlDeviceGetTemperatureThreshold (read once at discovery)",
+)
+PCIE_REPLAYS = _gpu(
+    "otelgpu.gpu.pcie.replays",
+    _OCOUNTER,
+    "{replay}",
+    "PCIe link-level retransmissions since the driver loaded (a rising count: a degrading link).",
+    source="nvmlDeviceGetFieldValues (PCIe replay counter)",
+)
+REMAPPED_ROWS = _gpu(
+    "otelgpu.gpu.memory.remapped_rows",
+    _OUPDOWN,
+    "{row}",
+    "Memory rows remapped for correctable / uncorrectable errors; pending and failure "
+    "are 1 while a remap awaits a GPU reset / after a remap failed.",
+    ("otelgpu.gpu.remap.state",),
+    source="nvmlDeviceGetFieldValues (remapped rows)",
+)
+GRAPHICS_ACTIVITY = _gpu(
+    "otelgpu.gpu.graphics.activity",
+    _OGAUGE,
+    "1",
+    "Fraction of time the graphics/compute engine was active since the previous collection.",
+    source="nvmlGpmMetricsGet (GRAPHICS_UTIL), Hopper and newer",
+)
+SM_ACTIVITY = _gpu(
+    "otelgpu.gpu.sm.activity",
+    _OGAUGE,
+    "1",
+    "Fraction of SMs busy since the previous collection; unlike hw.gpu.utilization it "
+    "drops when few SMs do work.",
+    source="nvmlGpmMetricsGet (SM_UTIL), Hopper and newer",
+)
+SM_OCCUPANCY = _gpu(
+    "otelgpu.gpu.sm.occupancy",
+    _OGAUGE,
+    "1",
+    "Resident warps as a fraction of the SMs' maximum, since the previous collection.",
+    source="nvmlGpmMetricsGet (SM_OCCUPANCY), Hopper and newer",
+)
+TENSOR_ACTIVITY = _gpu(
+    "otelgpu.gpu.tensor.activity",
+    _OGAUGE,
+    "1",
+    "Fraction of time the tensor pipes were busy since the previous collection, any pipe "
+    "or per kind (hmma: FP16/BF16/TF32, imma: integer, dfma/dmma: FP64).",
+    ("otelgpu.gpu.tensor.pipe",),
+    source="nvmlGpmMetricsGet (*_TENSOR_UTIL), Hopper and newer",
+)
+DRAM_ACTIVITY = _gpu(
+    "otelgpu.gpu.dram.activity",
+    _OGAUGE,
+    "1",
+    "DRAM bandwidth used as a fraction of the maximum, since the previous collection.",
+    source="nvmlGpmMetricsGet (DRAM_BW_UTIL), Hopper and newer",
+)
+PIPE_ACTIVITY = _gpu(
+    "otelgpu.gpu.pipe.activity",
+    _OGAUGE,
+    "1",
+    "Fraction of time the SMs ran non-tensor FP16 / FP32 / FP64 or integer math since the "
+    "previous collection.",
+    ("otelgpu.gpu.pipe",),
+    source="nvmlGpmMetricsGet (FP16/FP32/FP64/INTEGER_UTIL), Hopper and newer",
+)
+
 GPU_METRICS: tuple[MetricSpec, ...] = (
     GPU_UTILIZATION,
     GPU_MEMORY_USAGE,
@@ -252,6 +332,16 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     NVLINK_IO,
     FAN_SPEED,
     PSTATE,
+    GPU_MEMORY_RESERVED,
+    TEMPERATURE_LIMIT,
+    PCIE_REPLAYS,
+    REMAPPED_ROWS,
+    GRAPHICS_ACTIVITY,
+    SM_ACTIVITY,
+    SM_OCCUPANCY,
+    TENSOR_ACTIVITY,
+    DRAM_ACTIVITY,
+    PIPE_ACTIVITY,
 )
 """Per-device GPU metrics (each carries :data:`DEVICE_ATTRIBUTES`)."""
 

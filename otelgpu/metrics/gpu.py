@@ -31,7 +31,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otelgpu.metrics import catalog as N
 from otelgpu.metrics.instruments import Instruments
 from otelgpu.metrics.spec import MetricSpec
-from otelgpu.sampler import BaseGpuSampler, GpuSample
+from otelgpu.sampler import BaseGpuSampler, GpuSample, WindowStats
 from otelgpu.sampler import _fields as F
 
 _logger = logging.getLogger(__name__)
@@ -40,13 +40,6 @@ _SNAPSHOT_TTL_NS = 20_000_000  # one collection reads each device's newest sampl
 _XID_LAG_NS = 50_000_000  # events are counted once they are 50 ms old (no push race)
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
-
-_UTILIZATION_TASKS = (
-    ("gpu_util_pct", "general"),
-    ("encoder_util_pct", "encoder"),
-    ("decoder_util_pct", "decoder"),
-)
-"""Sample field (percent) -> ``hw.gpu.task``."""
 
 _HARDWARE_THROTTLE = sum(
     bit
@@ -77,6 +70,9 @@ class GpuMetricsHandle:
         self._throttle_prev: dict[str, tuple[int, dict[str, int]]] = {}
         self._xid_counts: dict[tuple[str, int], int] = {}
         self._ecc_seen: dict[str, int] = {}
+        self._devices = {d.uuid: d for d in sampler.devices}
+        self._gpm_windows: dict[str, WindowStats | None] = {}
+        self._gpm_ns = -_SNAPSHOT_TTL_NS
         self._xid_cursor_ns = 0
         callbacks: dict[str, Callable[[], Iterable[Observation]]] = {
             N.GPU_UTILIZATION.name: self._utilization,
@@ -99,6 +95,16 @@ class GpuMetricsHandle:
             N.NVLINK_IO.name: self._nvlink_io,
             N.FAN_SPEED.name: self._fan,
             N.PSTATE.name: self._pstate,
+            N.GPU_MEMORY_RESERVED.name: self._memory_reserved,
+            N.TEMPERATURE_LIMIT.name: self._temperature_limit,
+            N.PCIE_REPLAYS.name: self._pcie_replays,
+            N.REMAPPED_ROWS.name: self._remapped_rows,
+            N.GRAPHICS_ACTIVITY.name: lambda: self._gpm(("graphics_activity_pct", {})),
+            N.SM_ACTIVITY.name: lambda: self._gpm(("sm_activity_pct", {})),
+            N.SM_OCCUPANCY.name: lambda: self._gpm(("sm_occupancy_pct", {})),
+            N.TENSOR_ACTIVITY.name: lambda: self._gpm(*_TENSOR_PIPES),
+            N.DRAM_ACTIVITY.name: lambda: self._gpm(("dram_activity_pct", {})),
+            N.PIPE_ACTIVITY.name: lambda: self._gpm(*_PIPES),
             N.SAMPLER_DROPPED.name: self._dropped,
         }
         self.instruments: dict[str, Any] = {}
@@ -171,8 +177,11 @@ class GpuMetricsHandle:
 
     def _utilization(self) -> Iterable[Observation]:
         for _uuid, attrs, s in self._samples():
-            for field, task in _UTILIZATION_TASKS:
-                value = getattr(s, field, None)  # encoder/decoder: where the sampler has them
+            for value, task in (
+                (s.gpu_util_pct, "general"),
+                (s.encoder_util_pct, "encoder"),
+                (s.decoder_util_pct, "decoder"),
+            ):
                 if value is not None:
                     yield Observation(value * 0.01, {**attrs, "hw.gpu.task": task})
 
@@ -194,7 +203,54 @@ class GpuMetricsHandle:
         return self._gauge("energy_mj", 0.001)
 
     def _temperature(self) -> Iterable[Observation]:
-        return self._gauge("temperature_c", 1.0, **{"hw.sensor_location": "gpu"})
+        yield from self._gauge("temperature_c", 1.0, **{"hw.sensor_location": "gpu"})
+        yield from self._gauge("memory_temperature_c", 1.0, **{"hw.sensor_location": "memory"})
+
+    def _temperature_limit(self) -> Iterable[Observation]:
+        key = "otelgpu.gpu.temperature.limit_type"
+        for uuid, attrs, _s in self._samples():
+            details = self._devices[uuid].details
+            for value, kind in (
+                (details.slowdown_temp_c, "slowdown"),
+                (details.shutdown_temp_c, "shutdown"),
+            ):
+                if value is not None:
+                    yield Observation(value, {**attrs, key: kind})
+
+    def _memory_reserved(self) -> Iterable[Observation]:
+        return self._gauge("memory_reserved_bytes")
+
+    def _pcie_replays(self) -> Iterable[Observation]:
+        return self._gauge("pcie_replay_count")
+
+    def _remapped_rows(self) -> Iterable[Observation]:
+        for _uuid, attrs, s in self._samples():
+            for state, value in (s.remapped_rows or {}).items():
+                yield Observation(value, {**attrs, "otelgpu.gpu.remap.state": state})
+
+    def _gpm(self, *fields: tuple[str, dict[str, str]]) -> Iterable[Observation]:
+        """GPM activities (percent in WindowStats) as fractions, averaged since the
+        previous collection; one window per device and collection, shared by the GPM
+        instruments."""
+        now = self._sampler.now_ns()
+        samples = self._samples()
+        with self._lock:
+            if now - self._gpm_ns > _SNAPSHOT_TTL_NS:
+                windows = {}
+                for uuid, _attrs, _s in samples:
+                    start = self._since.get(("gpm", uuid), 0)
+                    self._since[("gpm", uuid)] = now + 1
+                    windows[uuid] = self._sampler.window(uuid, start, now)
+                self._gpm_windows, self._gpm_ns = windows, now
+            windows = dict(self._gpm_windows)
+        for uuid, attrs, _s in samples:
+            stats = windows.get(uuid)
+            if stats is None:
+                continue
+            for field, extra in fields:
+                value = getattr(stats, field)
+                if value is not None:
+                    yield Observation(value * 0.01, {**attrs, **extra})
 
     def _io(self, tx: str, rx: str) -> Iterable[Observation]:
         for _uuid, attrs, s in self._samples():
@@ -307,6 +363,22 @@ class GpuMetricsHandle:
 
     def _dropped(self) -> Iterable[Observation]:
         yield Observation(self._sampler.dropped)
+
+
+_TENSOR_PIPES: tuple[tuple[str, dict[str, str]], ...] = tuple(
+    (f"{field}_pct", {"otelgpu.gpu.tensor.pipe": pipe})
+    for field, pipe in (
+        ("tensor_activity", "any"),
+        ("hmma_tensor_activity", "hmma"),
+        ("imma_tensor_activity", "imma"),
+        ("dfma_tensor_activity", "dfma"),
+        ("dmma_tensor_activity", "dmma"),
+    )
+)
+_PIPES: tuple[tuple[str, dict[str, str]], ...] = tuple(
+    (f"{pipe}_activity_pct", {"otelgpu.gpu.pipe": pipe})
+    for pipe in ("fp16", "fp32", "fp64", "integer")
+)
 
 
 class _Instrumenting(Protocol):

@@ -27,11 +27,12 @@ from otelgpu.nvml._library import (
     pynvml_init,
     pynvml_module,
 )
-from otelgpu.nvml._types import DeviceInfo
+from otelgpu.nvml._types import DeviceDetails, DeviceInfo
 
 __all__ = [
     "DEFAULT_LIBRARY",
     "ENV_NVML_LIBRARY",
+    "DeviceDetails",
     "DeviceInfo",
     "DeviceSpec",
     "MigInstance",

@@ -25,12 +25,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from otelgpu.errors import ConfigurationError
+from otelgpu.nvml._details import read_details
 from otelgpu.nvml._library import NvmlUnavailableError, library_path, pynvml_init
-from otelgpu.nvml._types import DeviceInfo
+from otelgpu.nvml._types import DeviceDetails, DeviceInfo
 
 _logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class PhysicalGpu:
     memory_total_bytes: int
     compute_capability: tuple[int, int] | None = None
     migs: tuple[MigInstance, ...] = ()
+    extra: DeviceDetails = field(default_factory=DeviceDetails)
 
 
 def _device_info(gpu: PhysicalGpu, cuda_index: int | None) -> DeviceInfo:
@@ -69,6 +71,7 @@ def _device_info(gpu: PhysicalGpu, cuda_index: int | None) -> DeviceInfo:
         pci_bus_id=gpu.pci_bus_id,
         memory_total_bytes=gpu.memory_total_bytes,
         compute_capability=gpu.compute_capability,
+        details=gpu.extra,
     )
 
 
@@ -82,6 +85,7 @@ def _mig_info(gpu: PhysicalGpu, mig: MigInstance, cuda_index: int | None) -> Dev
         memory_total_bytes=mig.memory_total_bytes,
         compute_capability=gpu.compute_capability,
         parent_uuid=gpu.uuid,
+        details=gpu.extra,
     )
 
 
@@ -153,6 +157,7 @@ def _with_cuda_index(info: DeviceInfo, cuda_index: int | None) -> DeviceInfo:
         memory_total_bytes=info.memory_total_bytes,
         compute_capability=info.compute_capability,
         parent_uuid=info.parent_uuid,
+        details=info.details,
     )
 
 
@@ -297,6 +302,7 @@ def _physical(pynvml: Any, index: int, handle: object) -> PhysicalGpu:
         memory_total_bytes=int(memory.total),
         compute_capability=cc,
         migs=tuple(_migs(nv, handle)),
+        extra=read_details(nv, handle),
     )
 
 

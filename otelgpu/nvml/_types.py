@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DeviceDetails:
+    """Static identity and limits of a physical GPU, read once at discovery.
+
+    Each is ``None`` where NVML cannot read it (consumer boards have no serial; MIG
+    instances report their parent's values).
+    """
+
+    vbios_version: str | None = None
+    serial: str | None = None
+    slowdown_temp_c: int | None = None  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    shutdown_temp_c: int | None = None  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
 
 
 @dataclass(frozen=True)
@@ -20,6 +34,8 @@ class DeviceInfo:
         memory_total_bytes: framebuffer size in bytes.
         compute_capability: ``(major, minor)`` or ``None`` when unknown.
         parent_uuid: the physical GPU's UUID for a MIG instance, else ``None``.
+        details: static identity and limits (VBIOS, serial, temperature thresholds),
+            each ``None`` where NVML cannot read it.
     """
 
     uuid: str
@@ -30,6 +46,7 @@ class DeviceInfo:
     memory_total_bytes: int
     compute_capability: tuple[int, int] | None = None
     parent_uuid: str | None = None
+    details: DeviceDetails = field(default_factory=DeviceDetails)
 
     vendor: str = "nvidia"
 
@@ -37,6 +54,16 @@ class DeviceInfo:
     def is_mig(self) -> bool:
         """True for a MIG instance."""
         return self.parent_uuid is not None
+
+    @property
+    def vbios_version(self) -> str | None:
+        """VBIOS version (``hw.firmware_version``), e.g. ``96.00.89.00.01``."""
+        return self.details.vbios_version
+
+    @property
+    def serial(self) -> str | None:
+        """Board serial number (``hw.serial_number``); ``None`` on consumer boards."""
+        return self.details.serial
 
     def attributes(self) -> dict[str, str]:
         """Semantic-convention attributes identifying this device (``hw.*``)."""

@@ -17,6 +17,11 @@ attribute                              unit     meaning (over the window, all sa
 ``otelgpu.gpu.xids``                   int[]    XID error codes seen
 ``otelgpu.gpu.ecc.uncorrected``        {error}  new uncorrected ECC errors (only when > 0)
 ``otelgpu.gpu.lost``                   bool     a GPU was lost (e.g. XID 79)
+``otelgpu.gpu.sm.activity``           1        GPM SM activity (fraction; mean over GPUs)
+``otelgpu.gpu.sm.occupancy``          1        GPM SM occupancy (fraction)
+``otelgpu.gpu.tensor.activity``       1        GPM tensor-pipe activity, any pipe (fraction)
+``otelgpu.gpu.dram.activity``         1        GPM DRAM bandwidth utilization (fraction)
+``otelgpu.gpu.fp16.activity`` …       1        GPM FP16 / FP32 / FP64 pipe activity (fraction)
 ``otelgpu.gpu.samples``                1        samples the window statistics are based on
 ``hw.id`` / ``otelgpu.gpu.ids``        string   UUID of the GPU (one) / UUIDs (several)
 ====================================== ======== =============================================
@@ -44,6 +49,14 @@ _FIELDS: tuple[tuple[str, str, str, float], ...] = (
     ("otelgpu.gpu.throttled_fraction", "throttled_fraction", "max", 1.0),
     ("otelgpu.gpu.ecc.uncorrected", "ecc_uncorrected_delta", "sum", 1.0),
     ("otelgpu.gpu.samples", "samples", "sum", 1.0),
+    # GPM (Hopper and newer; absent elsewhere): what "utilization" hides.
+    ("otelgpu.gpu.sm.activity", "sm_activity_pct", "mean", 0.01),
+    ("otelgpu.gpu.sm.occupancy", "sm_occupancy_pct", "mean", 0.01),
+    ("otelgpu.gpu.tensor.activity", "tensor_activity_pct", "mean", 0.01),
+    ("otelgpu.gpu.dram.activity", "dram_activity_pct", "mean", 0.01),
+    ("otelgpu.gpu.fp16.activity", "fp16_activity_pct", "mean", 0.01),
+    ("otelgpu.gpu.fp32.activity", "fp32_activity_pct", "mean", 0.01),
+    ("otelgpu.gpu.fp64.activity", "fp64_activity_pct", "mean", 0.01),
 )
 _INTEGER = frozenset(
     {"otelgpu.gpu.memory.peak", "otelgpu.gpu.ecc.uncorrected", "otelgpu.gpu.samples"}

@@ -7,10 +7,15 @@ in the same order of floating-point operations, so both twins give identical
 every sample, so a busy application thread slows it down (the benchmark measures
 by how much).
 
-Raw records are tuples in the order of ``RAW_SAMPLE_FIELDS``; raw windows in the
-order of ``RAW_WINDOW_FIELDS``. Thread-safety: ``_data_lock`` guards rings and
-events and is never held across an NVML call; ``_tick_lock`` serialises sampling
-rounds (the loop and ``sample_once``), so only another round ever waits on NVML.
+Raw records are ``RawSample`` named tuples, raw windows ``RawWindow`` (``_records``);
+the native core returns the same types; the window rules live in ``_window_py``. The
+module stays over 600 lines because it mirrors otg_sampler.h section by section (life
+cycle, capability checks, every NVML read including GPM, events, the sampling loop):
+splitting it further would separate code that must change together with its C twin.
+
+Thread-safety: ``_data_lock`` guards rings and events and is never held across an NVML
+call; ``_tick_lock`` serialises sampling rounds (the loop and ``sample_once``), so only
+another round ever waits on NVML.
 """
 
 from __future__ import annotations
@@ -25,59 +30,19 @@ from typing import Any
 
 from otelgpu.nvml import NvmlUnavailableError, pynvml_init
 from otelgpu.sampler import _fields as F
+from otelgpu.sampler import _window_py as W
+from otelgpu.sampler._records import (
+    NGPM,
+    RAW_SAMPLE_FIELDS,
+    RAW_WINDOW_FIELDS,
+    ZERO_GPM,
+    ZERO_REMAP,
+    RawSample,
+    RawWindow,
+)
 
 _logger = logging.getLogger(__name__)
 
-RAW_SAMPLE_FIELDS = [
-    "t_ns",
-    "valid",
-    "status",
-    "nerrors",
-    "gpu_util",
-    "mem_util",
-    "mem_used",
-    "mem_total",
-    "power_mw",
-    "temperature_c",
-    "energy_mj",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "reasons",
-    "throttle_ns",
-    "pcie_tx",
-    "pcie_rx",
-    "nvlink_tx",
-    "nvlink_rx",
-    "ecc_corr",
-    "ecc_uncorr",
-    "fan_pct",
-    "pstate",
-]
-RAW_WINDOW_FIELDS = [
-    "samples",
-    "lost",
-    "valid",
-    "gpu_util_mean",
-    "gpu_util_min",
-    "gpu_util_max",
-    "mem_util_mean",
-    "mem_used_peak",
-    "mem_total",
-    "power_mean_w",
-    "power_max_w",
-    "energy_j",
-    "energy_from_counter",
-    "temp_max",
-    "sm_clock_mean",
-    "reasons",
-    "throttled_fraction",
-    "ecc_corr_delta",
-    "ecc_uncorr_delta",
-    "pcie_tx",
-    "pcie_rx",
-    "nvlink_tx",
-    "nvlink_rx",
-]
 
 _ZERO_THROTTLE = (0,) * len(F.THROTTLE_COUNTERS)
 
@@ -87,6 +52,12 @@ class _Device:
         "caps",
         "disabled",
         "errors",
+        "gpm_caps",
+        "gpm_cur",
+        "gpm_have_prev",
+        "gpm_mg",
+        "gpm_prev_t",
+        "gpm_sample",
         "handle",
         "have_prev_ecc",
         "head",
@@ -94,6 +65,7 @@ class _Device:
         "lost",
         "lost_code",
         "lost_t_ns",
+        "off_code",
         "prev_ecc_uncorr",
         "prev_throttle",
         "ring",
@@ -102,7 +74,7 @@ class _Device:
 
     def __init__(self, uuid: str, capacity: int) -> None:
         self.uuid = uuid
-        self.ring: list[tuple[Any, ...] | None] = [None] * capacity
+        self.ring: list[RawSample | None] = [None] * capacity
         self.reset()
 
     def reset(self) -> None:
@@ -118,6 +90,14 @@ class _Device:
         self.prev_ecc_uncorr = 0
         self.prev_throttle = 0
         self.head = 0
+        self.off_code = [0] * 32
+        # GPM: two samples used alternately, a reusable metrics request, metrics still on.
+        self.gpm_sample: list[Any] = [None, None]
+        self.gpm_mg: Any = None
+        self.gpm_cur = 0
+        self.gpm_have_prev = False
+        self.gpm_prev_t = 0
+        self.gpm_caps = F.GPM_ALL
 
 
 class _Sample:
@@ -206,7 +186,7 @@ class PyCore:
             for i, d in enumerate(self._dev):
                 if d.lost or not self._inited:
                     continue
-                s = self._sample_device(d)
+                s = self._sample_device(d, self._now(), probing=True)
                 if s.status == F.STATUS_LOST:
                     with self._data_lock:
                         self._mark_lost(i, self._now(), d.last_error)
@@ -270,8 +250,15 @@ class PyCore:
         return any(t.is_alive() for t in self._threads)
 
     def close(self) -> None:
-        """Free the event set and balance nvmlInit (after stop())."""
+        """Free GPM samples and the event set, balance nvmlInit (after stop())."""
         nv = self._nvml
+        for d in self._dev:
+            for k, sample in enumerate(d.gpm_sample):
+                if sample is not None and self._inited:
+                    with contextlib.suppress(nv.NVMLError):
+                        nv.nvmlGpmSampleFree(sample)
+                d.gpm_sample[k] = None
+            d.gpm_have_prev = False
         if self._evset is not None:
             with contextlib.suppress(nv.NVMLError):
                 nv.nvmlEventSetFree(self._evset)
@@ -296,6 +283,9 @@ class PyCore:
 
     def _check(self, d: _Device, s: _Sample, bits: int, code: int) -> None:
         if code in F.NOT_SUPPORTED_CODES:
+            for k in range(32):
+                if bits & (1 << k):
+                    d.off_code[k] = code
             d.caps &= ~bits
             d.disabled |= bits
         elif code in F.LOST_CODES:
@@ -322,16 +312,14 @@ class PyCore:
         s.valid |= bits
         return value
 
-    def _sample_device(self, d: _Device) -> _Sample:
+    def _sample_device(self, d: _Device, t_ns: int, probing: bool = False) -> _Sample:
         nv = self._nvml
         s = _Sample()
         v = s.values
         util = self._read(d, s, F.F_UTIL, nv.nvmlDeviceGetUtilizationRates)
         if util is not None:
             v["gpu_util"], v["mem_util"] = int(util.gpu), int(util.memory)
-        mem = self._read(d, s, F.F_MEMORY, nv.nvmlDeviceGetMemoryInfo)
-        if mem is not None:
-            v["mem_used"], v["mem_total"] = int(mem.used), int(mem.total)
+        self._read_memory(d, s)
         v["power_mw"] = self._read(d, s, F.F_POWER, nv.nvmlDeviceGetPowerUsage)
         v["temperature_c"] = self._read(d, s, F.F_TEMP, nv.nvmlDeviceGetTemperature, 0)
         v["sm_clock_mhz"] = self._read(d, s, F.F_SM_CLOCK, nv.nvmlDeviceGetClockInfo, 1)
@@ -345,9 +333,110 @@ class PyCore:
         self._read_fields(d, s)
         v["fan_pct"] = self._read(d, s, F.F_FAN, nv.nvmlDeviceGetFanSpeed)
         v["pstate"] = self._read(d, s, F.F_PSTATE, nv.nvmlDeviceGetPerformanceState)
+        enc = self._read(d, s, F.F_ENC, nv.nvmlDeviceGetEncoderUtilization)
+        if enc is not None:
+            v["enc_util"] = int(enc[0])
+        dec = self._read(d, s, F.F_DEC, nv.nvmlDeviceGetDecoderUtilization)
+        if dec is not None:
+            v["dec_util"] = int(dec[0])
+        if d.caps & F.F_GPM and s.status != F.STATUS_LOST:
+            self._read_gpm(d, s, t_ns, probing)
         if s.status != F.STATUS_LOST and s.nerrors > 0:
             s.status = F.STATUS_FIELD_ERRORS
         return s
+
+    def _read_memory(self, d: _Device, s: _Sample) -> None:
+        """Memory v2 (used excludes reserved, as nvidia-smi shows) where the driver has
+        it, else v1 (used includes reserved) and no reserved field."""
+        nv = self._nvml
+        both = F.F_MEMORY | F.F_MEM_RESERVED
+        if d.caps & both == both and s.status != F.STATUS_LOST:
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(d.handle, version=nv.nvmlMemory_v2)
+            except nv.NVMLError as exc:
+                self._check(d, s, both, int(exc.value))
+                if not d.caps & F.F_MEM_RESERVED:  # v2 unsupported: v1 keeps memory on
+                    d.caps |= F.F_MEMORY
+                    d.disabled &= ~F.F_MEMORY
+                    d.off_code[1] = 0
+            except (AttributeError, TypeError):  # a pynvml without the v2 call
+                self._check(d, s, F.F_MEM_RESERVED, 13)
+            else:
+                s.valid |= both
+                s.values["mem_used"], s.values["mem_total"] = int(mem.used), int(mem.total)
+                s.values["mem_reserved"] = int(mem.reserved)
+                return
+        if d.caps & F.F_MEM_RESERVED:
+            return  # v2 failed for another reason: counted once, no v1 retry
+        mem = self._read(d, s, F.F_MEMORY, nv.nvmlDeviceGetMemoryInfo)
+        if mem is not None:
+            s.values["mem_used"], s.values["mem_total"] = int(mem.used), int(mem.total)
+
+    def _read_gpm(self, d: _Device, s: _Sample, t_ns: int, probing: bool) -> None:
+        """GPM as otg_sample_gpm: support check and two samples on first use (the probe
+        stops there), then a sample >= 100 ms after the previous and the metrics between."""
+        nv = self._nvml
+        if d.gpm_sample[0] is None:
+            try:
+                supported = nv.nvmlGpmQueryDeviceSupport(d.handle).isSupportedDevice
+                if not supported:
+                    self._check(d, s, F.F_GPM, F.OFF_GPM_DEVICE)
+                    return
+                d.gpm_sample = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+            except nv.NVMLError as exc:
+                self._check(d, s, F.F_GPM, _gpm_code(int(exc.value)))
+                return
+            except AttributeError:
+                self._check(d, s, F.F_GPM, 13)
+                return
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            d.gpm_mg, d.gpm_cur, d.gpm_have_prev = mg, 0, False
+        if probing:
+            return
+        if d.gpm_have_prev and t_ns > d.gpm_prev_t and t_ns - d.gpm_prev_t < F.GPM_MIN_INTERVAL_NS:
+            return  # too soon: this sample has no GPM values
+        try:
+            nv.nvmlGpmSampleGet(d.handle, d.gpm_sample[d.gpm_cur])
+        except nv.NVMLError as exc:
+            d.gpm_have_prev = False
+            self._check(d, s, F.F_GPM, _gpm_code(int(exc.value)))
+            return
+        if d.gpm_have_prev and t_ns > d.gpm_prev_t and d.gpm_caps:
+            self._gpm_metrics(d, s, t_ns)
+        d.gpm_prev_t, d.gpm_have_prev, d.gpm_cur = t_ns, True, 1 - d.gpm_cur
+
+    def _gpm_metrics(self, d: _Device, s: _Sample, t_ns: int) -> None:
+        nv = self._nvml
+        mg = d.gpm_mg
+        mg.sample1, mg.sample2 = d.gpm_sample[1 - d.gpm_cur], d.gpm_sample[d.gpm_cur]
+        idx = [k for k in range(NGPM) if d.gpm_caps & (1 << k)]
+        for j, k in enumerate(idx):
+            mg.metrics[j].metricId = F.GPM_IDS[k]
+        mg.numMetrics = len(idx)
+        try:
+            nv.nvmlGpmMetricsGet(mg)
+        except nv.NVMLError as exc:
+            self._check(d, s, F.F_GPM, int(exc.value))
+            return
+        values = list(ZERO_GPM)
+        valid = 0
+        for j, k in enumerate(idx):
+            m = mg.metrics[j]
+            code = int(m.nvmlReturn)
+            if code == 0:
+                values[k] = float(m.value)
+                valid |= 1 << k
+            elif code == 3:
+                d.gpm_caps &= ~(1 << k)  # e.g. NVLink rates on a PCIe card
+            else:
+                s.nerrors += 1
+                d.errors += 1
+                d.last_error = code
+        if valid:
+            s.valid |= F.F_GPM
+            s.values["gpm"], s.values["gpm_valid"] = tuple(values), valid
+            s.values["gpm_dt_ns"] = t_ns - d.gpm_prev_t
 
     def _read_fields(self, d: _Device, s: _Sample) -> None:
         requests = [(fid, scope, bit) for fid, scope, bit in F.FIELD_TABLE if d.caps & bit]
@@ -363,7 +452,8 @@ class PyCore:
             self._check(d, s, all_bits, int(exc.value))
             return
         throttle = list(_ZERO_THROTTLE)
-        for (_fid, _scope, bit), fv in zip(requests, values, strict=False):
+        remap = list(ZERO_REMAP)
+        for (fid, _scope, bit), fv in zip(requests, values, strict=False):
             if fv.nvmlReturn != 0:
                 self._check(d, s, bit, int(fv.nvmlReturn))
                 continue
@@ -383,11 +473,18 @@ class PyCore:
                 s.values["nvlink_tx"] = value * 1024
             elif bit == F.F_NVLINK_RX:
                 s.values["nvlink_rx"] = value * 1024
+            elif bit == F.F_MEM_TEMP:
+                s.values["mem_temp_c"] = value
+            elif bit == F.F_PCIE_REPLAY:
+                s.values["pcie_replay"] = value
+            elif bit == F.F_REMAP:
+                remap[fid - F.REMAP_FIRST_FIELD] = value
             else:
                 throttle[(bit // F.F_THR0).bit_length() - 1] = value
         s.values["throttle_ns"] = tuple(throttle)
+        s.values["remap"] = tuple(remap)
 
-    def _raw(self, t_ns: int, s: _Sample) -> tuple[Any, ...]:
+    def _raw(self, t_ns: int, s: _Sample) -> RawSample:
         v = s.values
         valid = s.valid
 
@@ -395,7 +492,8 @@ class PyCore:
             value = v.get(key)
             return int(value) if valid & bit and value is not None else 0
 
-        return (
+        gpm = valid & F.F_GPM
+        return RawSample(
             t_ns, valid, s.status, s.nerrors,
             g("gpu_util", F.F_UTIL), g("mem_util", F.F_UTIL),
             g("mem_used", F.F_MEMORY), g("mem_total", F.F_MEMORY),
@@ -406,6 +504,12 @@ class PyCore:
             g("nvlink_tx", F.F_NVLINK_TX), g("nvlink_rx", F.F_NVLINK_RX),
             g("ecc_corr", F.F_ECC_CORR), g("ecc_uncorr", F.F_ECC_UNCORR),
             g("fan_pct", F.F_FAN), g("pstate", F.F_PSTATE),
+            g("mem_reserved", F.F_MEM_RESERVED), g("mem_temp_c", F.F_MEM_TEMP),
+            g("pcie_replay", F.F_PCIE_REPLAY),
+            v.get("remap", ZERO_REMAP) if valid & F.F_REMAP else ZERO_REMAP,
+            g("enc_util", F.F_ENC), g("dec_util", F.F_DEC),
+            v["gpm_valid"] if gpm else 0, v["gpm_dt_ns"] if gpm else 0,
+            v["gpm"] if gpm else ZERO_GPM,
         )  # fmt: skip
 
     # data_lock held for the three helpers below.
@@ -422,26 +526,26 @@ class PyCore:
         d.lost, d.lost_t_ns, d.lost_code = True, t, code
         self._push_event(t, i, F.EV_DEVICE_LOST, code, 0)
 
-    def _push_sample(self, i: int, raw: tuple[Any, ...]) -> None:
+    def _push_sample(self, i: int, raw: RawSample) -> None:
         d = self._dev[i]
         if d.head > 0:
             prev = d.ring[(d.head - 1) % self._cap]
             assert prev is not None
-            if raw[0] < prev[0]:
-                raw = (prev[0], *raw[1:])  # keep each ring sorted by time
+            if raw.t_ns < prev.t_ns:
+                raw = raw._replace(t_ns=prev.t_ns)  # keep each ring sorted by time
         if d.head >= self._cap:
             self._overwritten += 1
         d.ring[d.head % self._cap] = raw
         d.head += 1
         self._samples += 1
-        t, valid, status = raw[0], raw[1], raw[2]
+        t, valid, status = raw.t_ns, raw.valid, raw.status
         if valid & F.F_ECC_UNCORR:
-            unc = raw[20]
+            unc = raw.ecc_uncorr
             if d.have_prev_ecc and unc > d.prev_ecc_uncorr:
                 self._push_event(t, i, F.EV_ECC_UNCORRECTED, unc - d.prev_ecc_uncorr, unc)
             d.prev_ecc_uncorr, d.have_prev_ecc = unc, True
         if valid & F.F_REASONS:
-            cur = raw[13] & F.THROTTLE_MASK
+            cur = raw.reasons & F.THROTTLE_MASK
             started = cur & ~d.prev_throttle
             if started:
                 self._push_event(t, i, F.EV_THROTTLE_START, started, cur)
@@ -459,7 +563,7 @@ class PyCore:
                 if lost or not self._inited:
                     continue
                 t = t_ns if t_ns else self._now()
-                s = self._sample_device(d)
+                s = self._sample_device(d, t)
                 raw = self._raw(t, s)
                 with self._data_lock:
                     if not d.lost:
@@ -516,143 +620,48 @@ class PyCore:
 
     # ---- reading --------------------------------------------------------------
 
-    def latest(self, i: int) -> tuple[Any, ...] | None:
+    def latest(self, i: int) -> RawSample | None:
         """Device ``i``'s newest raw record, or None."""
         with self._data_lock:
             d = self._dev[i]
             return d.ring[(d.head - 1) % self._cap] if d.head else None
 
-    def window(self, i: int, s_ns: int, e_ns: int) -> tuple[Any, ...] | None:
-        """Raw window statistics of device ``i`` over ``[s_ns, e_ns]`` (see otg_window)."""
+    def window(self, i: int, s_ns: int, e_ns: int) -> RawWindow | None:
+        """Raw window statistics of device ``i`` over ``[s_ns, e_ns]`` (see otg_window).
+
+        The rules: samples used are those with ``s <= t <= e``, else the newest before
+        ``s``; means over used samples that have the field; counter deltas from the
+        newest sample at or before ``s`` (else the first used) to the last used; GPM
+        metrics weighted by their intervals over the used samples with ``t > s``.
+        """
         if e_ns < s_ns:
             return None
         with self._data_lock:
-            return self._window_locked(self._dev[i], s_ns, e_ns)
-
-    def _window_locked(self, d: _Device, s_ns: int, e_ns: int) -> tuple[Any, ...] | None:
-        cap, ring = self._cap, d.ring
-        n = min(d.head, cap)
-        first = d.head - n
-
-        def at(k: int) -> tuple[Any, ...]:
-            rec = ring[(first + k) % cap]
-            assert rec is not None
-            return rec
-
-        x, y = 0, n
-        while x < y:
-            m = x + (y - x) // 2
-            if at(m)[0] < s_ns:
-                x = m + 1
-            else:
-                y = m
-        lo = x
-        y = n
-        while x < y:
-            m = x + (y - x) // 2
-            if at(m)[0] <= e_ns:
-                x = m + 1
-            else:
-                y = m
-        hi = x
-        if hi > lo:
-            f, last = lo, hi - 1
-        elif lo > 0:
-            f = last = lo - 1
-        else:
+            d = self._dev[i]
+            n = min(d.head, self._cap)
+            span = W.bisect(d.ring, d.head - n, n, self._cap, s_ns, e_ns)
+            lost = 1 if d.lost and d.lost_t_ns <= e_ns else 0
+        if span is None:
             return None
-        # a: the newest sample at or before s (else the first one used); b: the last used.
-        a = lo if (lo < n and at(lo)[0] == s_ns) or lo == 0 else lo - 1
-        b = last
-        valid = 0
-        n_util = sum_gpu = sum_mem = n_power = sum_power = max_power = 0
-        n_sm = sum_sm = n_reason = n_throttled = 0
-        min_gpu = max_gpu = 0
-        peak = total = temp_max = reasons = 0
-        for k in range(f, last + 1):
-            p = at(k)
-            pv = p[1]
-            if pv & F.F_UTIL:
-                g = p[4]
-                if n_util == 0 or g < min_gpu:
-                    min_gpu = g
-                if n_util == 0 or g > max_gpu:
-                    max_gpu = g
-                sum_gpu += g
-                sum_mem += p[5]
-                n_util += 1
-            if pv & F.F_MEMORY:
-                if not valid & F.F_MEMORY or p[6] > peak:
-                    peak = p[6]
-                total = p[7]
-                valid |= F.F_MEMORY
-            if pv & F.F_POWER:
-                if n_power == 0 or p[8] > max_power:
-                    max_power = p[8]
-                sum_power += p[8]
-                n_power += 1
-            if pv & F.F_TEMP:
-                if not valid & F.F_TEMP or p[9] > temp_max:
-                    temp_max = p[9]
-                valid |= F.F_TEMP
-            if pv & F.F_SM_CLOCK:
-                sum_sm += p[11]
-                n_sm += 1
-            if pv & F.F_REASONS:
-                reasons |= p[13]
-                if p[13] & F.THROTTLE_MASK:
-                    n_throttled += 1
-                n_reason += 1
-        gmean = gmin = gmax = mmean = pmean = pmax = smmean = tfrac = energy = 0.0
-        if n_util:
-            valid |= F.F_UTIL
-            gmean = float(sum_gpu) / float(n_util)
-            gmin, gmax = float(min_gpu), float(max_gpu)
-            mmean = float(sum_mem) / float(n_util)
-        if n_power:
-            valid |= F.F_POWER
-            pmean = float(sum_power) / float(n_power) / 1000.0
-            pmax = float(max_power) / 1000.0
-        if n_sm:
-            valid |= F.F_SM_CLOCK
-            smmean = float(sum_sm) / float(n_sm)
-        if n_reason:
-            valid |= F.F_REASONS
-            tfrac = float(n_throttled) / float(n_reason)
-        pa, pb = at(a), at(b)
-        both = pa[1] & pb[1]
-        from_counter = 0
-        if (
-            a < b
-            and both & F.F_ENERGY
-            and pb[10] >= pa[10]
-            and e_ns - s_ns >= F.ENERGY_MIN_SPAN_NS
-            and pb[0] - pa[0] >= F.ENERGY_MIN_SPAN_NS
-        ):
-            energy = float(pb[10] - pa[10]) * float(e_ns - s_ns) / float(pb[0] - pa[0]) / 1000.0
-            from_counter = 1
+        # The records are immutable tuples: aggregate outside the lock.
+        agg = W.aggregate(span.used)
+        gpm_valid, gpm = W.gpm_means(span.used, s_ns)
+        energy, from_counter = W.energy(span, agg, s_ns, e_ns)
+        d_ecc_c, d_ecc_u, d_ptx, d_prx, d_ntx, d_nrx, d_replay, delta_bits = W.counter_deltas(
+            span.a, span.b
+        )
+        valid = agg.valid | delta_bits
+        if energy is not None:
             valid |= F.F_ENERGY
-        elif n_power:
-            energy = pmean * float(e_ns - s_ns) / 1e9
-            valid |= F.F_ENERGY
-        deltas = []
-        for bit, idx in (
-            (F.F_ECC_CORR, 19),
-            (F.F_ECC_UNCORR, 20),
-            (F.F_PCIE_TX, 15),
-            (F.F_PCIE_RX, 16),
-            (F.F_NVLINK_TX, 17),
-            (F.F_NVLINK_RX, 18),
-        ):
-            if both & bit and pb[idx] >= pa[idx]:
-                deltas.append(pb[idx] - pa[idx])
-                valid |= bit
-            else:
-                deltas.append(0)
-        lost = 1 if d.lost and d.lost_t_ns <= e_ns else 0
-        return (
-            last - f + 1, lost, valid, gmean, gmin, gmax, mmean, peak, total, pmean, pmax,
-            energy, from_counter, temp_max, smmean, reasons, tfrac, *deltas,
+        if gpm_valid:
+            valid |= F.F_GPM
+        return RawWindow(
+            len(span.used), lost, valid, agg.gpu_util_mean, agg.gpu_util_min,
+            agg.gpu_util_max, agg.mem_util_mean, agg.mem_used_peak, agg.mem_total,
+            agg.power_mean_w, agg.power_max_w, energy or 0.0, from_counter, agg.temp_max,
+            agg.sm_clock_mean, agg.reasons, agg.throttled_fraction, d_ecc_c, d_ecc_u, d_ptx,
+            d_prx, d_ntx, d_nrx, agg.mem_reserved, agg.mem_temp_max, d_replay,
+            agg.enc_util_mean, agg.dec_util_mean, gpm_valid, gpm,
         )  # fmt: skip
 
     def events(self, s_ns: int, e_ns: int, dev: int = -1, kind: int = -1) -> list[tuple[int, ...]]:
@@ -679,6 +688,11 @@ class PyCore:
             d = self._dev[i]
             return (d.caps, d.disabled, d.lost, d.lost_t_ns, d.lost_code, d.errors, d.last_error)
 
+    def field_off_codes(self, i: int) -> tuple[int, ...]:
+        """Per field bit ``k``, the NVML return that switched it off (0: still on)."""
+        with self._data_lock:
+            return tuple(self._dev[i].off_code)
+
     def take_disabled(self, i: int) -> int:
         """Fields switched off since the previous call (for logging each once)."""
         with self._data_lock:
@@ -697,6 +711,11 @@ class PyCore:
                 self._ev_dropped,
                 self._busy_ns,
             )
+
+
+def _gpm_code(code: int) -> int:
+    """A GPM call's NO_PERMISSION switches GPM off for good (as otg_sample_gpm)."""
+    return F.OFF_GPM_NO_PERMISSION if code == 4 else code
 
 
 def _field_u64(fv: Any) -> int:
@@ -722,4 +741,4 @@ def _address(handle: Any) -> int:
     return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
 
 
-__all__ = ["RAW_SAMPLE_FIELDS", "RAW_WINDOW_FIELDS", "PyCore"]
+__all__ = ["RAW_SAMPLE_FIELDS", "RAW_WINDOW_FIELDS", "PyCore", "RawSample", "RawWindow"]

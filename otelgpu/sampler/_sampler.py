@@ -41,6 +41,7 @@ from otelgpu.errors import ConfigurationError
 from otelgpu.nvml import DeviceInfo, DeviceSpec, NvmlUnavailableError, discover, library_path
 from otelgpu.sampler import _fields as F
 from otelgpu.sampler._core_py import PyCore
+from otelgpu.sampler._records import RawSample, RawWindow
 from otelgpu.sampler._types import (
     GpuEvent,
     GpuSample,
@@ -91,13 +92,14 @@ class SamplerCore(Protocol):
     def close(self) -> None: ...
     def after_fork_in_child(self) -> None: ...
     def sample_once(self, timestamp_ns: int = 0) -> None: ...
-    def latest(self, i: int) -> tuple[Any, ...] | None: ...
-    def window(self, i: int, s_ns: int, e_ns: int) -> tuple[Any, ...] | None: ...
+    def latest(self, i: int) -> RawSample | None: ...
+    def window(self, i: int, s_ns: int, e_ns: int) -> RawWindow | None: ...
     def events(
         self, s_ns: int, e_ns: int, dev: int = -1, kind: int = -1
     ) -> list[tuple[int, ...]]: ...
     def device_state(self, i: int) -> tuple[int, int, bool, int, int, int, int]: ...
     def take_disabled(self, i: int) -> int: ...
+    def field_off_codes(self, i: int) -> tuple[int, ...]: ...
     def counters(self) -> tuple[int, int, int, int, int, int]: ...
 
 
@@ -282,6 +284,19 @@ class BaseGpuSampler:
             return []
         self._check_fork()
         return F.field_names(self._core.device_state(i)[0])
+
+    def unsupported_fields(self, uuid: str) -> dict[str, str]:
+        """``{field: why it is not sampled}`` for ``uuid`` (after capability probing).
+
+        E.g. ``{"gpm": "nvmlGpmQueryDeviceSupport: not supported on this GPU (…)"}`` on
+        an A100, or ``{"memory_reserved": "…FUNCTION_NOT_FOUND…"}`` on a driver older
+        than 515. Fields that merely failed once are not listed (they are retried).
+        """
+        i = self._index.get(uuid)
+        if i is None:
+            return {}
+        self._check_fork()
+        return F.off_reasons(self._core.field_off_codes(i))
 
     # ---- life cycle -----------------------------------------------------------
 

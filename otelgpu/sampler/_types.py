@@ -8,11 +8,20 @@ All timestamps are ``time.time_ns()``-compatible nanoseconds (see ``GpuSampler``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from otelgpu.sampler import _fields as F
 
+if TYPE_CHECKING:
+    from otelgpu.sampler._records import RawSample, RawWindow
+
 AttributeValue = str | bool | int | float | Sequence[str] | Sequence[int]
+
+#: WindowStats field of each GPM metric (index order of ``_fields.GPM_METRICS``):
+#: activities in percent (``*_pct``), PCIe/NVLink rates in MiB/s (``*_mib_s``).
+GPM_WINDOW_FIELDS: tuple[str, ...] = tuple(
+    f"{name}_mib_s" if name.endswith("_rate") else f"{name}_pct" for name, _ in F.GPM_METRICS
+)
 
 
 class GpuSample(NamedTuple):
@@ -41,6 +50,16 @@ class GpuSample(NamedTuple):
     fan_speed_pct: int | None
     pstate: int | None
     field_errors: int  # reads that failed in this sample (not counting unsupported fields)
+    memory_reserved_bytes: int | None = None  # memory v2 only; memory used then excludes it
+    memory_temperature_c: int | None = None  # HBM temperature
+    pcie_replay_count: int | None = None  # cumulative PCIe replays
+    remapped_rows: dict[str, int] | None = None  # correctable/uncorrectable/pending/failure
+    encoder_util_pct: int | None = None
+    decoder_util_pct: int | None = None
+    #: GPM metrics over the interval ending at time_ns ({} when GPM is off or too soon):
+    #: ``sm_activity`` etc. in percent, ``*_rate`` in MiB/s.
+    gpm: dict[str, float] | None = None
+    gpm_interval_ns: int | None = None
 
     @property
     def throttle_reason_names(self) -> tuple[str, ...]:
@@ -58,7 +77,10 @@ class WindowStats(NamedTuple):
     start (else the first inside) to the last one used. ``energy_j`` is that counter
     delta scaled to the window length when both the window and the two samples span
     at least 100 ms (the counter's refresh), else ``power_mean_w`` x window length;
-    ``energy_source`` says which.
+    ``energy_source`` says which. GPM metrics (``sm_activity_pct``,
+    ``tensor_activity_pct``, ``dram_activity_pct``…) are means of the GPM intervals of
+    the samples after ``start_ns``, weighted by interval length (GPM samples are taken
+    at least 100 ms apart); ``None`` on GPUs without GPM.
     """
 
     uuid: str
@@ -88,6 +110,30 @@ class WindowStats(NamedTuple):
     pcie_rx_bytes: int | None
     nvlink_tx_bytes: int | None
     nvlink_rx_bytes: int | None
+    memory_reserved_bytes: int | None = None  # newest sample's (memory v2 only)
+    memory_temperature_max_c: int | None = None  # HBM temperature
+    pcie_replay_delta: int | None = None
+    encoder_util_mean_pct: float | None = None
+    decoder_util_mean_pct: float | None = None
+    # GPM (Hopper+): means over the GPM intervals of the samples with t > start_ns,
+    # weighted by interval length; None where the GPU has no GPM.
+    graphics_activity_pct: float | None = None
+    sm_activity_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    integer_activity_pct: float | None = None
+    tensor_activity_pct: float | None = None
+    dfma_tensor_activity_pct: float | None = None
+    hmma_tensor_activity_pct: float | None = None
+    dmma_tensor_activity_pct: float | None = None
+    imma_tensor_activity_pct: float | None = None
+    dram_activity_pct: float | None = None
+    fp64_activity_pct: float | None = None
+    fp32_activity_pct: float | None = None
+    fp16_activity_pct: float | None = None
+    pcie_tx_rate_mib_s: float | None = None
+    pcie_rx_rate_mib_s: float | None = None
+    nvlink_rx_rate_mib_s: float | None = None
+    nvlink_tx_rate_mib_s: float | None = None
 
     @property
     def duration_s(self) -> float:
@@ -124,45 +170,60 @@ class GpuEvent(NamedTuple):
     detail: str
 
 
-def sample_from_raw(uuid: str, raw: tuple) -> GpuSample:  # type: ignore[type-arg]
-    """Build a :class:`GpuSample` from a core's raw record (see ``_core_py.RawSample``)."""
-    (t, valid, status, nerr, gpu, memu, used, total, pmw, temp, emj, sm, mclk, reasons,
-     thr, ptx, prx, ntx, nrx, ecc_c, ecc_u, fan, pstate) = raw  # fmt: skip
+def sample_from_raw(uuid: str, raw: RawSample) -> GpuSample:
+    """Build a :class:`GpuSample` from a core's raw record."""
+    valid = raw.valid
 
     def opt(bit: int, value: int) -> int | None:
         return value if valid & bit else None
 
     throttle = {
-        name: thr[k]
+        name: raw.throttle_ns[k]
         for k, (name, _fid) in enumerate(F.THROTTLE_COUNTERS)
         if valid & (F.F_THR0 << k)
     }
+    status = raw.status
+    gpm = (
+        {name: raw.gpm[k] for k, (name, _) in enumerate(F.GPM_METRICS) if raw.gpm_valid >> k & 1}
+        if valid & F.F_GPM
+        else {}
+    )
     return GpuSample(
         uuid,
-        t,
+        raw.t_ns,
         F.STATUS_NAMES[status] if 0 <= status < len(F.STATUS_NAMES) else "field_errors",
-        opt(F.F_UTIL, gpu),
-        opt(F.F_UTIL, memu),
-        opt(F.F_MEMORY, used),
-        opt(F.F_MEMORY, total),
-        pmw / 1000.0 if valid & F.F_POWER else None,
-        opt(F.F_ENERGY, emj),
-        opt(F.F_TEMP, temp),
-        opt(F.F_SM_CLOCK, sm),
-        opt(F.F_MEM_CLOCK, mclk),
-        opt(F.F_REASONS, reasons),
+        opt(F.F_UTIL, raw.gpu_util),
+        opt(F.F_UTIL, raw.mem_util),
+        opt(F.F_MEMORY, raw.mem_used),
+        opt(F.F_MEMORY, raw.mem_total),
+        raw.power_mw / 1000.0 if valid & F.F_POWER else None,
+        opt(F.F_ENERGY, raw.energy_mj),
+        opt(F.F_TEMP, raw.temperature_c),
+        opt(F.F_SM_CLOCK, raw.sm_clock_mhz),
+        opt(F.F_MEM_CLOCK, raw.mem_clock_mhz),
+        opt(F.F_REASONS, raw.reasons),
         throttle,
-        opt(F.F_PCIE_TX, ptx),
-        opt(F.F_PCIE_RX, prx),
-        opt(F.F_NVLINK_TX, ntx),
-        opt(F.F_NVLINK_RX, nrx),
-        opt(F.F_ECC_CORR, ecc_c),
-        opt(F.F_ECC_UNCORR, ecc_u),
-        opt(F.F_FAN, fan),
-        opt(F.F_PSTATE, pstate),
-        nerr,
+        opt(F.F_PCIE_TX, raw.pcie_tx),
+        opt(F.F_PCIE_RX, raw.pcie_rx),
+        opt(F.F_NVLINK_TX, raw.nvlink_tx),
+        opt(F.F_NVLINK_RX, raw.nvlink_rx),
+        opt(F.F_ECC_CORR, raw.ecc_corr),
+        opt(F.F_ECC_UNCORR, raw.ecc_uncorr),
+        opt(F.F_FAN, raw.fan_pct),
+        opt(F.F_PSTATE, raw.pstate),
+        raw.nerrors,
+        opt(F.F_MEM_RESERVED, raw.mem_reserved),
+        opt(F.F_MEM_TEMP, raw.mem_temp_c),
+        opt(F.F_PCIE_REPLAY, raw.pcie_replay),
+        dict(zip(_REMAP_NAMES, raw.remap, strict=True)) if valid & F.F_REMAP else None,
+        opt(F.F_ENC, raw.enc_util),
+        opt(F.F_DEC, raw.dec_util),
+        gpm,
+        raw.gpm_dt_ns if valid & F.F_GPM else None,
     )
 
+
+_REMAP_NAMES = ("correctable", "uncorrectable", "pending", "failure")
 
 _reason_cache: dict[int, tuple[str, ...]] = {}
 
@@ -180,45 +241,53 @@ def window_from_raw(
     uuid: str,
     start_ns: int,
     end_ns: int,
-    raw: tuple,  # type: ignore[type-arg]
+    raw: RawWindow,
     xids: tuple[int, ...],
 ) -> WindowStats:
-    """Build :class:`WindowStats` from a core's raw window tuple (see ``_core_py.window``)."""
-    (samples, lost, valid, gmean, gmin, gmax, mmean, peak, total, pmean, pmax, energy,
-     from_counter, tmax, smmean, reasons, tfrac, eccc, eccu, ptx, prx, ntx, nrx) = raw  # fmt: skip
+    """Build :class:`WindowStats` from a core's raw window."""
+    valid = raw.valid
     util = bool(valid & F.F_UTIL)
     mem = bool(valid & F.F_MEMORY)
     power = bool(valid & F.F_POWER)
     has_reasons = bool(valid & F.F_REASONS)
     has_energy = bool(valid & F.F_ENERGY)
+    reasons = raw.reasons
+    gpm_valid = raw.gpm_valid if valid & F.F_GPM else 0
+    gpm = raw.gpm
     return WindowStats(
         uuid,
         start_ns,
         end_ns,
-        samples,
-        bool(lost),
-        gmean if util else None,
-        gmin if util else None,
-        gmax if util else None,
-        mmean if util else None,
-        peak if mem else None,
-        total if mem else None,
-        pmean if power else None,
-        pmax if power else None,
-        energy if has_energy else None,
-        ("counter" if from_counter else "power") if has_energy else None,
-        tmax if valid & F.F_TEMP else None,
-        smmean if valid & F.F_SM_CLOCK else None,
+        raw.samples,
+        bool(raw.lost),
+        raw.gpu_util_mean if util else None,
+        raw.gpu_util_min if util else None,
+        raw.gpu_util_max if util else None,
+        raw.mem_util_mean if util else None,
+        raw.mem_used_peak if mem else None,
+        raw.mem_total if mem else None,
+        raw.power_mean_w if power else None,
+        raw.power_max_w if power else None,
+        raw.energy_j if has_energy else None,
+        ("counter" if raw.energy_from_counter else "power") if has_energy else None,
+        raw.temp_max if valid & F.F_TEMP else None,
+        raw.sm_clock_mean if valid & F.F_SM_CLOCK else None,
         reasons if has_reasons else None,
         _cached_reason_names(reasons) if has_reasons else (),
-        tfrac if has_reasons else None,
+        raw.throttled_fraction if has_reasons else None,
         xids,
-        eccc if valid & F.F_ECC_CORR else None,
-        eccu if valid & F.F_ECC_UNCORR else None,
-        ptx if valid & F.F_PCIE_TX else None,
-        prx if valid & F.F_PCIE_RX else None,
-        ntx if valid & F.F_NVLINK_TX else None,
-        nrx if valid & F.F_NVLINK_RX else None,
+        raw.ecc_corr_delta if valid & F.F_ECC_CORR else None,
+        raw.ecc_uncorr_delta if valid & F.F_ECC_UNCORR else None,
+        raw.pcie_tx if valid & F.F_PCIE_TX else None,
+        raw.pcie_rx if valid & F.F_PCIE_RX else None,
+        raw.nvlink_tx if valid & F.F_NVLINK_TX else None,
+        raw.nvlink_rx if valid & F.F_NVLINK_RX else None,
+        raw.mem_reserved if valid & F.F_MEM_RESERVED else None,
+        raw.mem_temp_max if valid & F.F_MEM_TEMP else None,
+        raw.pcie_replay_delta if valid & F.F_PCIE_REPLAY else None,
+        raw.enc_util_mean if valid & F.F_ENC else None,
+        raw.dec_util_mean if valid & F.F_DEC else None,
+        *(gpm[k] if gpm_valid >> k & 1 else None for k in range(len(GPM_WINDOW_FIELDS))),
     )
 
 

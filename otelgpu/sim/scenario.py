@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from otelgpu.errors import ConfigurationError
+from otelgpu.sim.gpm import GPM_KEYS, NO_PERMISSION_KEY, gpm_config
 from otelgpu.sim.models import ARCHITECTURES, HGX_BUSES, model_defaults, model_names
 
 if sys.version_info >= (3, 11):
@@ -55,6 +56,7 @@ FEATURES: dict[str, int] = {
     "events": 1 << 14,
     "samples": 1 << 15,
     "retired_pages": 1 << 16,
+    "gpm": 1 << 17,
 }
 
 #: Clock-event (throttle) reasons a throttle window can set, as NVML bits.
@@ -141,6 +143,8 @@ _DEVICE_KEYS: dict[str, str] = {
     "memory_utilization": "percent_pattern",
     "memory_used_gib": "pattern",
     "power_w": "pattern",
+    **dict.fromkeys(GPM_KEYS, "percent_pattern"),
+    NO_PERMISSION_KEY: "bool",
 }
 
 _TOP_KEYS = (
@@ -375,6 +379,7 @@ def _device_config(dev: Mapping[str, Any]) -> dict[str, str]:
         out["mem_used"] = dev["memory_used_gib"].to_config(scale=_GIB)
     if dev.get("power_w") is not None:
         out["power"] = dev["power_w"].to_config()
+    out.update(gpm_config(dev))
     return out
 
 

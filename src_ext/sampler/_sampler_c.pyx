@@ -11,6 +11,8 @@ caller's thread, from records copied out under a short C mutex.
 
 import threading
 
+from otelgpu.sampler._records import RawSample, RawWindow
+
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strncpy
@@ -32,6 +34,13 @@ cdef extern from "otg_sampler.h" nogil:
         uint64_t pcie_tx, pcie_rx, nvlink_tx, nvlink_rx
         uint64_t ecc_corr, ecc_uncorr
         uint32_t fan_pct, pstate
+        uint64_t mem_reserved
+        uint32_t mem_temp_c, pcie_replay
+        uint32_t remap[4]
+        uint32_t enc_util, dec_util
+        uint32_t gpm_valid
+        int64_t gpm_dt_ns
+        double gpm[17]
 
     ctypedef struct otg_event_t:
         int64_t t_ns
@@ -45,6 +54,7 @@ cdef extern from "otg_sampler.h" nogil:
         int64_t lost_t_ns
         uint64_t lost_code, errors
         unsigned int last_error
+        uint32_t off_code[32]
 
     ctypedef struct otg_window_t:
         uint64_t samples
@@ -59,6 +69,12 @@ cdef extern from "otg_sampler.h" nogil:
         uint64_t reasons
         double throttled_fraction
         uint64_t ecc_corr_delta, ecc_uncorr_delta, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx
+        uint64_t mem_reserved
+        uint32_t mem_temp_max
+        uint64_t pcie_replay_delta
+        double enc_util_mean, dec_util_mean
+        uint32_t gpm_valid
+        double gpm[17]
 
     ctypedef struct otg_state_t:
         otg_nvml_t nvml
@@ -88,7 +104,63 @@ cdef extern from "otg_sampler.h" nogil:
     void otg_lock_data(otg_state_t *st)
     void otg_unlock_data(otg_state_t *st)
     uint32_t otg_take_disabled(otg_state_t *st, int i)
-    int OTG_NTHROTTLE
+    int OTG_NTHROTTLE, OTG_NFIELDS, OTG_NGPM
+    uint32_t OTG_F_UTIL, OTG_F_MEMORY, OTG_F_POWER, OTG_F_ENERGY, OTG_F_TEMP, OTG_F_SM_CLOCK
+    uint32_t OTG_F_MEM_CLOCK, OTG_F_REASONS, OTG_F_THR0, OTG_F_PCIE_TX, OTG_F_PCIE_RX
+    uint32_t OTG_F_NVLINK_TX, OTG_F_NVLINK_RX, OTG_F_ECC_CORR, OTG_F_ECC_UNCORR, OTG_F_FAN
+    uint32_t OTG_F_PSTATE, OTG_F_MEM_RESERVED, OTG_F_MEM_TEMP, OTG_F_PCIE_REPLAY, OTG_F_REMAP
+    uint32_t OTG_F_ENC, OTG_F_DEC, OTG_F_GPM, OTG_F_ALL, OTG_GPM_ALL
+    uint32_t OTG_STATUS_OK, OTG_STATUS_FIELD_ERRORS, OTG_STATUS_LOST, OTG_OFF_GPM_DEVICE
+    uint32_t OTG_OFF_GPM_NO_PERMISSION
+    unsigned long long OTG_THROTTLE_MASK
+    long long OTG_ENERGY_MIN_SPAN_NS, OTG_GPM_MIN_INTERVAL_NS
+    unsigned int OTG_WAIT_MS, OTG_SCOPE_ALL_LINKS
+    int OTG_EV_XID, OTG_EV_ECC_UNCORRECTED, OTG_EV_DEVICE_LOST, OTG_EV_THROTTLE_START
+
+    const unsigned int OTG_GPM_IDS[17]
+
+
+cdef extern from *:
+    """
+    static unsigned int otg_field_id(int k) { return OTG_FIELD_TABLE[k].id; }
+    static unsigned int otg_field_scope(int k) { return OTG_FIELD_TABLE[k].scope; }
+    static uint32_t otg_field_bit(int k) { return OTG_FIELD_TABLE[k].bit; }
+    """
+    unsigned int otg_field_id(int k)
+    unsigned int otg_field_scope(int k)
+    uint32_t otg_field_bit(int k)
+
+
+def constants():
+    """The C header's contract, for comparison with ``otelgpu.sampler._fields``.
+
+    Returns a dict: field bits (``F_*``), status codes, masks and limits, event kinds,
+    ``FIELD_TABLE`` (id, scope, bit) in request order and ``GPM_IDS`` (NVML metric ids).
+    """
+    return {
+        "F_UTIL": OTG_F_UTIL, "F_MEMORY": OTG_F_MEMORY, "F_POWER": OTG_F_POWER,
+        "F_ENERGY": OTG_F_ENERGY, "F_TEMP": OTG_F_TEMP, "F_SM_CLOCK": OTG_F_SM_CLOCK,
+        "F_MEM_CLOCK": OTG_F_MEM_CLOCK, "F_REASONS": OTG_F_REASONS, "F_THR0": OTG_F_THR0,
+        "F_PCIE_TX": OTG_F_PCIE_TX, "F_PCIE_RX": OTG_F_PCIE_RX,
+        "F_NVLINK_TX": OTG_F_NVLINK_TX, "F_NVLINK_RX": OTG_F_NVLINK_RX,
+        "F_ECC_CORR": OTG_F_ECC_CORR, "F_ECC_UNCORR": OTG_F_ECC_UNCORR, "F_FAN": OTG_F_FAN,
+        "F_PSTATE": OTG_F_PSTATE, "F_MEM_RESERVED": OTG_F_MEM_RESERVED,
+        "F_MEM_TEMP": OTG_F_MEM_TEMP, "F_PCIE_REPLAY": OTG_F_PCIE_REPLAY,
+        "F_REMAP": OTG_F_REMAP, "F_ENC": OTG_F_ENC, "F_DEC": OTG_F_DEC, "F_GPM": OTG_F_GPM,
+        "F_ALL": OTG_F_ALL, "GPM_ALL": OTG_GPM_ALL,
+        "STATUS_OK": OTG_STATUS_OK, "STATUS_FIELD_ERRORS": OTG_STATUS_FIELD_ERRORS,
+        "STATUS_LOST": OTG_STATUS_LOST, "OFF_GPM_DEVICE": OTG_OFF_GPM_DEVICE,
+        "OFF_GPM_NO_PERMISSION": OTG_OFF_GPM_NO_PERMISSION,
+        "THROTTLE_MASK": OTG_THROTTLE_MASK, "ENERGY_MIN_SPAN_NS": OTG_ENERGY_MIN_SPAN_NS,
+        "GPM_MIN_INTERVAL_NS": OTG_GPM_MIN_INTERVAL_NS, "WAIT_MS": OTG_WAIT_MS,
+        "SCOPE_ALL_LINKS": OTG_SCOPE_ALL_LINKS, "NTHROTTLE": OTG_NTHROTTLE,
+        "EV_XID": OTG_EV_XID, "EV_ECC_UNCORRECTED": OTG_EV_ECC_UNCORRECTED,
+        "EV_DEVICE_LOST": OTG_EV_DEVICE_LOST, "EV_THROTTLE_START": OTG_EV_THROTTLE_START,
+        "FIELD_TABLE": tuple(
+            (otg_field_id(k), otg_field_scope(k), otg_field_bit(k)) for k in range(OTG_NFIELDS)
+        ),
+        "GPM_IDS": tuple(OTG_GPM_IDS[k] for k in range(OTG_NGPM)),
+    }
 
 
 cdef class NativeCore:
@@ -202,7 +274,7 @@ cdef class NativeCore:
             otg_tick(self._st, timestamp_ns, 0)
 
     def latest(self, int i):
-        """Device i's newest raw record (PyCore.RAW_SAMPLE_FIELDS order), or None."""
+        """Device i's newest raw record (a ``RawSample``), or None."""
         cdef otg_sample_t s
         cdef int found
         if i < 0 or i >= self._ndev:
@@ -211,18 +283,20 @@ cdef class NativeCore:
             found = otg_latest(self._st, i, &s)
         if not found:
             return None
-        return (
+        return RawSample(
             s.t_ns, s.valid, s.status, s.nerrors, s.gpu_util, s.mem_util, s.mem_used,
             s.mem_total, s.power_mw, s.temperature_c, s.energy_mj, s.sm_clock_mhz,
             s.mem_clock_mhz, s.reasons,
             (s.throttle_ns[0], s.throttle_ns[1], s.throttle_ns[2], s.throttle_ns[3],
              s.throttle_ns[4], s.throttle_ns[5], s.throttle_ns[6], s.throttle_ns[7]),
             s.pcie_tx, s.pcie_rx, s.nvlink_tx, s.nvlink_rx, s.ecc_corr, s.ecc_uncorr,
-            s.fan_pct, s.pstate,
+            s.fan_pct, s.pstate, s.mem_reserved, s.mem_temp_c, s.pcie_replay,
+            (s.remap[0], s.remap[1], s.remap[2], s.remap[3]), s.enc_util, s.dec_util,
+            s.gpm_valid, s.gpm_dt_ns, tuple(s.gpm[k] for k in range(OTG_NGPM)),
         )
 
     def window(self, int i, int64_t s_ns, int64_t e_ns):
-        """Raw window statistics (PyCore.RAW_WINDOW_FIELDS order), or None."""
+        """Raw window statistics (a ``RawWindow``), or None."""
         cdef otg_window_t w
         cdef int found
         if i < 0 or i >= self._ndev:
@@ -231,12 +305,14 @@ cdef class NativeCore:
             found = otg_window(self._st, i, s_ns, e_ns, &w)
         if not found:
             return None
-        return (
+        return RawWindow(
             w.samples, w.lost, w.valid, w.gpu_util_mean, w.gpu_util_min, w.gpu_util_max,
             w.mem_util_mean, w.mem_used_peak, w.mem_total, w.power_mean_w, w.power_max_w,
             w.energy_j, w.energy_from_counter, w.temp_max, w.sm_clock_mean, w.reasons,
             w.throttled_fraction, w.ecc_corr_delta, w.ecc_uncorr_delta, w.pcie_tx, w.pcie_rx,
-            w.nvlink_tx, w.nvlink_rx,
+            w.nvlink_tx, w.nvlink_rx, w.mem_reserved, w.mem_temp_max, w.pcie_replay_delta,
+            w.enc_util_mean, w.dec_util_mean, w.gpm_valid,
+            tuple(w.gpm[k] for k in range(OTG_NGPM)),
         )
 
     def events(self, int64_t s_ns, int64_t e_ns, int dev=-1, int kind=-1):
@@ -269,6 +345,15 @@ cdef class NativeCore:
         otg_lock_data(self._st)
         result = (d.caps, d.disabled, bool(d.lost), d.lost_t_ns, d.lost_code, d.errors,
                   d.last_error)
+        otg_unlock_data(self._st)
+        return result
+
+    def field_off_codes(self, int i):
+        """Per field bit k, the NVML return that switched it off (0: still on)."""
+        if i < 0 or i >= self._ndev:
+            raise IndexError(f"device index {i} out of range")
+        otg_lock_data(self._st)
+        result = tuple(self._st.dev[i].off_code[k] for k in range(32))
         otg_unlock_data(self._st)
         return result
 

@@ -8,9 +8,8 @@
  * off (capability probing, otg_sampler.h). Newer names are preferred
  * (…ClocksEventReasons before …ClocksThrottleReasons, _v2 before v1).
  *
- * The declarations mirror nvml.h (NVML_API_VERSION 13) for x86-64/aarch64 LP64;
- * only the types and functions the sampler uses are declared. Struct layouts are
- * checked against pynvml's ctypes layouts in nvml.md section 4.
+ * Types and structs come from common/nvml_abi.h, shared with the simulated library;
+ * only the functions the sampler uses are declared here.
  */
 #ifndef OTG_NVML_H
 #define OTG_NVML_H
@@ -19,47 +18,29 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef unsigned int otg_ret_t;
+#include "common/nvml_abi.h"
+
+typedef nvmlReturn_t otg_ret_t;
 
 #define OTG_NVML_SUCCESS 0u
 #define OTG_NVML_ERROR_UNINITIALIZED 1u
+#define OTG_NVML_ERROR_NO_PERMISSION 4u
 #define OTG_NVML_ERROR_NOT_SUPPORTED 3u
 #define OTG_NVML_ERROR_NOT_FOUND 6u
 #define OTG_NVML_ERROR_TIMEOUT 10u
 #define OTG_NVML_ERROR_LIBRARY_NOT_FOUND 12u
 #define OTG_NVML_ERROR_FUNCTION_NOT_FOUND 13u
 #define OTG_NVML_ERROR_GPU_IS_LOST 15u
+#define OTG_NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25u
 #define OTG_NVML_ERROR_UNKNOWN 999u
 
-typedef struct otg_nvml_device_st *otg_dev_t;      /* nvmlDevice_t, opaque */
-typedef struct otg_nvml_event_set_st *otg_evset_t; /* nvmlEventSet_t, opaque */
-
-typedef struct { unsigned int gpu, memory; } otg_utilization_t;       /* 8 bytes */
-typedef struct { unsigned long long total, free, used; } otg_memory_t; /* 24 bytes */
-
-typedef union {
-    double dVal;
-    int siVal;
-    unsigned int uiVal;
-    unsigned long ulVal;
-    unsigned long long ullVal;
-    signed long long sllVal;
-    unsigned short usVal;
-} otg_value_t; /* 8 bytes */
-
-typedef struct {
-    unsigned int fieldId, scopeId;
-    long long timestamp, latencyUsec;
-    unsigned int valueType;
-    otg_ret_t nvmlReturn;
-    otg_value_t value;
-} otg_field_value_t; /* 40 bytes */
-
-typedef struct {
-    otg_dev_t device;
-    unsigned long long eventType, eventData;
-    unsigned int gpuInstanceId, computeInstanceId;
-} otg_event_data_t; /* 32 bytes */
+typedef nvmlDevice_t otg_dev_t;
+typedef nvmlEventSet_t otg_evset_t;
+typedef nvmlUtilization_t otg_utilization_t;
+typedef nvmlMemory_t otg_memory_t;
+typedef nvmlValue_t otg_value_t;
+typedef nvmlFieldValue_t otg_field_value_t;
+typedef nvmlEventData_t otg_event_data_t;
 
 #define OTG_TEMPERATURE_GPU 0u
 #define OTG_CLOCK_SM 1u
@@ -75,6 +56,14 @@ typedef struct {
     otg_ret_t (*DeviceGetHandleByUUID)(const char *, otg_dev_t *);
     otg_ret_t (*DeviceGetUtilizationRates)(otg_dev_t, otg_utilization_t *);
     otg_ret_t (*DeviceGetMemoryInfo)(otg_dev_t, otg_memory_t *);
+    otg_ret_t (*DeviceGetMemoryInfo_v2)(otg_dev_t, nvmlMemory_v2_t *);
+    otg_ret_t (*DeviceGetEncoderUtilization)(otg_dev_t, unsigned int *, unsigned int *);
+    otg_ret_t (*DeviceGetDecoderUtilization)(otg_dev_t, unsigned int *, unsigned int *);
+    otg_ret_t (*GpmQueryDeviceSupport)(otg_dev_t, nvmlGpmSupport_t *);
+    otg_ret_t (*GpmSampleAlloc)(nvmlGpmSample_t *);
+    otg_ret_t (*GpmSampleFree)(nvmlGpmSample_t);
+    otg_ret_t (*GpmSampleGet)(otg_dev_t, nvmlGpmSample_t);
+    otg_ret_t (*GpmMetricsGet)(nvmlGpmMetricsGet_t *);
     otg_ret_t (*DeviceGetPowerUsage)(otg_dev_t, unsigned int *);
     otg_ret_t (*DeviceGetTemperature)(otg_dev_t, unsigned int, unsigned int *);
     otg_ret_t (*DeviceGetClockInfo)(otg_dev_t, unsigned int, unsigned int *);
@@ -111,6 +100,14 @@ static int otg_nvml_load(otg_nvml_t *t, const char *path)
     OTG_SYM(t, DeviceGetHandleByUUID, "nvmlDeviceGetHandleByUUID");
     OTG_SYM(t, DeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates");
     OTG_SYM(t, DeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo");
+    OTG_SYM(t, DeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
+    OTG_SYM(t, DeviceGetEncoderUtilization, "nvmlDeviceGetEncoderUtilization");
+    OTG_SYM(t, DeviceGetDecoderUtilization, "nvmlDeviceGetDecoderUtilization");
+    OTG_SYM(t, GpmQueryDeviceSupport, "nvmlGpmQueryDeviceSupport");
+    OTG_SYM(t, GpmSampleAlloc, "nvmlGpmSampleAlloc");
+    OTG_SYM(t, GpmSampleFree, "nvmlGpmSampleFree");
+    OTG_SYM(t, GpmSampleGet, "nvmlGpmSampleGet");
+    OTG_SYM(t, GpmMetricsGet, "nvmlGpmMetricsGet");
     OTG_SYM(t, DeviceGetPowerUsage, "nvmlDeviceGetPowerUsage");
     OTG_SYM(t, DeviceGetTemperature, "nvmlDeviceGetTemperature");
     OTG_SYM(t, DeviceGetClockInfo, "nvmlDeviceGetClockInfo");

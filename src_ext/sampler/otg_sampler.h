@@ -53,9 +53,38 @@
 #define OTG_F_ECC_UNCORR (1u << 21) /* volatile uncorrected ECC total (field 4) */
 #define OTG_F_FAN (1u << 22)      /* fan_pct */
 #define OTG_F_PSTATE (1u << 23)   /* pstate 0..15 */
-#define OTG_F_ALL 0x00FFFFFFu
+#define OTG_F_MEM_RESERVED (1u << 24) /* mem_reserved (bytes); memory v2: mem_used excludes it */
+#define OTG_F_MEM_TEMP (1u << 25)  /* mem_temp_c, HBM temperature (field 82) */
+#define OTG_F_PCIE_REPLAY (1u << 26) /* cumulative PCIe replays (field 94) */
+#define OTG_F_REMAP (1u << 27)     /* remapped rows cor/unc/pending/failure (fields 142-145) */
+#define OTG_F_ENC (1u << 28)       /* enc_util (percent) */
+#define OTG_F_DEC (1u << 29)       /* dec_util (percent) */
+#define OTG_F_GPM (1u << 30)       /* gpm[] (GPU Performance Monitoring, Hopper+) */
+#define OTG_F_ALL 0x7FFFFFFFu
 #define OTG_NTHROTTLE 8
-#define OTG_NFIELDS 15
+#define OTG_NFIELDS 21
+
+/* GPM metrics, index k of gpm[] / bit (1 << k) of gpm_valid: NVML metric ids. Activities
+ * are percent; the last four are MiB/s. */
+#define OTG_NGPM 17
+static const unsigned int OTG_GPM_IDS[OTG_NGPM] = {
+    NVML_GPM_METRIC_GRAPHICS_UTIL,    NVML_GPM_METRIC_SM_UTIL,
+    NVML_GPM_METRIC_SM_OCCUPANCY,     NVML_GPM_METRIC_INTEGER_UTIL,
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL,  NVML_GPM_METRIC_DFMA_TENSOR_UTIL,
+    NVML_GPM_METRIC_HMMA_TENSOR_UTIL, NVML_GPM_METRIC_DMMA_TENSOR_UTIL,
+    NVML_GPM_METRIC_IMMA_TENSOR_UTIL, NVML_GPM_METRIC_DRAM_BW_UTIL,
+    NVML_GPM_METRIC_FP64_UTIL,        NVML_GPM_METRIC_FP32_UTIL,
+    NVML_GPM_METRIC_FP16_UTIL,        NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+    NVML_GPM_METRIC_PCIE_RX_PER_SEC,  NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+    NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+};
+#define OTG_GPM_ALL ((1u << OTG_NGPM) - 1u)
+/* GPM samples closer than this are not compared (the counters refresh every ~100 ms). */
+#define OTG_GPM_MIN_INTERVAL_NS 100000000ll
+/* Pseudo return code recorded when nvmlGpmQueryDeviceSupport says "not this device". */
+#define OTG_OFF_GPM_DEVICE 1000u
+/* ...and when a GPM call answers NVML_ERROR_NO_PERMISSION (it will not change later). */
+#define OTG_OFF_GPM_NO_PERMISSION 1001u
 
 #define OTG_STATUS_OK 0u
 #define OTG_STATUS_FIELD_ERRORS 1u
@@ -76,7 +105,8 @@
 /* Field-value requests, one nvmlDeviceGetFieldValues call per device and round:
  * energy (83, mJ, = nvmlDeviceGetTotalEnergyConsumption), volatile ECC totals (3
  * corrected / 4 uncorrected), throttle ns (74,76,77,78,79,269,270,271), PCIe bytes
- * (197/198) and NVLink KiB over all links (138/139). Batching these keeps a round at
+ * (197/198), NVLink KiB over all links (138/139), HBM temperature (82), PCIe replays
+ * (94) and remapped rows (142-145). Batching these keeps a round at
  * 9-10 NVML calls per device, which matters because calls serialize in the driver. */
 static const struct { unsigned int id, scope; uint32_t bit; } OTG_FIELD_TABLE[OTG_NFIELDS] = {
     {83, 0, OTG_F_ENERGY},     {3, 0, OTG_F_ECC_CORR},    {4, 0, OTG_F_ECC_UNCORR},
@@ -85,6 +115,10 @@ static const struct { unsigned int id, scope; uint32_t bit; } OTG_FIELD_TABLE[OT
     {270, 0, OTG_F_THR0 << 6}, {271, 0, OTG_F_THR0 << 7}, {197, 0, OTG_F_PCIE_TX},
     {198, 0, OTG_F_PCIE_RX},   {138, OTG_SCOPE_ALL_LINKS, OTG_F_NVLINK_TX},
     {139, OTG_SCOPE_ALL_LINKS, OTG_F_NVLINK_RX},
+    {NVML_FI_DEV_MEMORY_TEMP, 0, OTG_F_MEM_TEMP},
+    {NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0, OTG_F_PCIE_REPLAY},
+    {NVML_FI_DEV_REMAPPED_COR, 0, OTG_F_REMAP},     {NVML_FI_DEV_REMAPPED_UNC, 0, OTG_F_REMAP},
+    {NVML_FI_DEV_REMAPPED_PENDING, 0, OTG_F_REMAP}, {NVML_FI_DEV_REMAPPED_FAILURE, 0, OTG_F_REMAP},
 };
 
 typedef struct {
@@ -100,6 +134,13 @@ typedef struct {
     uint64_t pcie_tx, pcie_rx, nvlink_tx, nvlink_rx;
     uint64_t ecc_corr, ecc_uncorr;
     uint32_t fan_pct, pstate;
+    uint64_t mem_reserved;
+    uint32_t mem_temp_c, pcie_replay;
+    uint32_t remap[4]; /* correctable, uncorrectable, pending, failure */
+    uint32_t enc_util, dec_util;
+    uint32_t gpm_valid, pad2; /* bit k: gpm[k] present */
+    int64_t gpm_dt_ns;        /* the GPM interval gpm[] covers, ending at t_ns */
+    double gpm[OTG_NGPM];
 } otg_sample_t;
 
 typedef struct {
@@ -120,6 +161,12 @@ typedef struct {
     otg_ret_t last_error;
     int have_prev_ecc;
     uint64_t prev_ecc_uncorr, prev_throttle;
+    uint32_t off_code[32]; /* NVML return that switched field bit k off */
+    /* GPM: two samples used alternately; gpm_caps = metrics still asked for. */
+    nvmlGpmSample_t gpm_sample[2];
+    int gpm_cur, gpm_have_prev;
+    int64_t gpm_prev_t;
+    uint32_t gpm_caps;
     otg_sample_t *ring;
     uint64_t head; /* samples ever pushed; slot = index % cap */
 } otg_device_t;
@@ -138,6 +185,12 @@ typedef struct {
     uint64_t reasons;
     double throttled_fraction;
     uint64_t ecc_corr_delta, ecc_uncorr_delta, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx;
+    uint64_t mem_reserved; /* newest used sample's */
+    uint32_t mem_temp_max;
+    uint64_t pcie_replay_delta;
+    double enc_util_mean, dec_util_mean;
+    uint32_t gpm_valid;
+    double gpm[OTG_NGPM]; /* time-weighted means over the GPM intervals (see otg_window) */
 } otg_window_t;
 
 typedef struct {
@@ -237,6 +290,7 @@ static otg_state_t *otg_create(int ndev, uint64_t cap, int64_t interval_ns, int6
     }
     for (int i = 0; i < ndev; i++) {
         st->dev[i].caps = OTG_F_ALL;
+        st->dev[i].gpm_caps = OTG_GPM_ALL;
         st->dev[i].ring = (otg_sample_t *)calloc((size_t)st->cap, sizeof(otg_sample_t));
         if (st->dev[i].ring == NULL) {
             otg_destroy(st);
@@ -342,6 +396,15 @@ static int otg_events_open(otg_state_t *st)
 /* Free the event set and balance nvmlInit (threads must have stopped). */
 static void otg_close(otg_state_t *st)
 {
+    for (int i = 0; i < st->ndev; i++) {
+        otg_device_t *d = &st->dev[i];
+        for (int k = 0; k < 2; k++) {
+            if (d->gpm_sample[k] != NULL && st->nvml.GpmSampleFree != NULL)
+                st->nvml.GpmSampleFree(d->gpm_sample[k]);
+            d->gpm_sample[k] = NULL;
+        }
+        d->gpm_have_prev = 0;
+    }
     if (st->evset != NULL && st->nvml.EventSetFree != NULL) st->nvml.EventSetFree(st->evset);
     st->evset = NULL;
     if (st->inited && st->nvml.Shutdown != NULL) st->nvml.Shutdown();
@@ -361,7 +424,11 @@ static int otg_check(otg_device_t *d, otg_sample_t *s, uint32_t bits, otg_ret_t 
         s->valid |= bits;
         return 1;
     }
-    if (r == OTG_NVML_ERROR_NOT_SUPPORTED || r == OTG_NVML_ERROR_FUNCTION_NOT_FOUND) {
+    if (r == OTG_NVML_ERROR_NOT_SUPPORTED || r == OTG_NVML_ERROR_FUNCTION_NOT_FOUND ||
+        r == OTG_NVML_ERROR_ARGUMENT_VERSION_MISMATCH || r == OTG_OFF_GPM_DEVICE ||
+        r == OTG_OFF_GPM_NO_PERMISSION) {
+        for (int k = 0; k < 32; k++)
+            if (bits & (1u << k)) d->off_code[k] = r;
         __atomic_and_fetch(&d->caps, ~bits, __ATOMIC_RELAXED);
         __atomic_or_fetch(&d->disabled, bits, __ATOMIC_RELAXED);
     } else if (otg_is_lost_code(r)) {
@@ -377,8 +444,97 @@ static int otg_check(otg_device_t *d, otg_sample_t *s, uint32_t bits, otg_ret_t 
 
 #define OTG_LOST(s) ((s)->status == OTG_STATUS_LOST)
 
-/* Take one sample of device d (no lock held: only NVML calls and local writes). */
-static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, int64_t t_ns)
+/* GPM for device d: support check and sample allocation on first use (the probe stops
+ * there), then one nvmlGpmSampleGet per call at least OTG_GPM_MIN_INTERVAL_NS after the
+ * previous one and the metrics between the two. A time going backwards (a caller's own
+ * timestamps) restarts from this sample. */
+static void otg_sample_gpm(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, int probing)
+{
+    otg_ret_t r;
+    if (d->gpm_sample[0] == NULL) {
+        nvmlGpmSupport_t sup;
+        if (n->GpmQueryDeviceSupport == NULL || n->GpmSampleAlloc == NULL ||
+            n->GpmSampleGet == NULL || n->GpmMetricsGet == NULL) {
+            otg_check(d, s, OTG_F_GPM, OTG_NVML_ERROR_FUNCTION_NOT_FOUND);
+            return;
+        }
+        memset(&sup, 0, sizeof sup);
+        sup.version = NVML_GPM_SUPPORT_VERSION;
+        r = n->GpmQueryDeviceSupport(d->handle, &sup);
+        if (r == OTG_NVML_SUCCESS && !sup.isSupportedDevice) r = OTG_OFF_GPM_DEVICE;
+        if (r == OTG_NVML_ERROR_NO_PERMISSION) r = OTG_OFF_GPM_NO_PERMISSION;
+        if (r != OTG_NVML_SUCCESS) {
+            otg_check(d, s, OTG_F_GPM, r);
+            return;
+        }
+        r = n->GpmSampleAlloc(&d->gpm_sample[0]);
+        if (r == OTG_NVML_SUCCESS) r = n->GpmSampleAlloc(&d->gpm_sample[1]);
+        if (r != OTG_NVML_SUCCESS) {
+            if (d->gpm_sample[0] != NULL && n->GpmSampleFree != NULL)
+                n->GpmSampleFree(d->gpm_sample[0]);
+            d->gpm_sample[0] = d->gpm_sample[1] = NULL;
+            otg_check(d, s, OTG_F_GPM, r);
+            return;
+        }
+        d->gpm_cur = 0;
+        d->gpm_have_prev = 0;
+    }
+    if (probing) return;
+    if (d->gpm_have_prev && s->t_ns > d->gpm_prev_t &&
+        s->t_ns - d->gpm_prev_t < OTG_GPM_MIN_INTERVAL_NS)
+        return; /* too soon: this sample has no GPM values */
+    r = n->GpmSampleGet(d->handle, d->gpm_sample[d->gpm_cur]);
+    if (r == OTG_NVML_ERROR_NO_PERMISSION) r = OTG_OFF_GPM_NO_PERMISSION;
+    if (r != OTG_NVML_SUCCESS) {
+        d->gpm_have_prev = 0;
+        otg_check(d, s, OTG_F_GPM, r);
+        return;
+    }
+    if (d->gpm_have_prev && s->t_ns > d->gpm_prev_t && d->gpm_caps != 0) {
+        nvmlGpmMetricsGet_t mg;
+        int idx[OTG_NGPM], nm = 0;
+        memset(&mg, 0, sizeof mg);
+        mg.version = NVML_GPM_METRICS_GET_VERSION;
+        mg.sample1 = d->gpm_sample[1 - d->gpm_cur];
+        mg.sample2 = d->gpm_sample[d->gpm_cur];
+        for (int k = 0; k < OTG_NGPM; k++) {
+            if (!(d->gpm_caps & (1u << k))) continue;
+            mg.metrics[nm].metricId = OTG_GPM_IDS[k];
+            idx[nm++] = k;
+        }
+        mg.numMetrics = (unsigned int)nm;
+        r = n->GpmMetricsGet(&mg);
+        if (r != OTG_NVML_SUCCESS) {
+            otg_check(d, s, OTG_F_GPM, r);
+        } else {
+            for (int j = 0; j < nm; j++) {
+                otg_ret_t mr = mg.metrics[j].nvmlReturn;
+                if (mr == OTG_NVML_SUCCESS) {
+                    s->gpm[idx[j]] = mg.metrics[j].value;
+                    s->gpm_valid |= 1u << idx[j];
+                } else if (mr == OTG_NVML_ERROR_NOT_SUPPORTED) {
+                    d->gpm_caps &= ~(1u << idx[j]); /* e.g. NVLink rates on a PCIe card */
+                } else {
+                    s->nerrors++;
+                    d->errors++;
+                    d->last_error = mr;
+                }
+            }
+            if (s->gpm_valid) {
+                s->valid |= OTG_F_GPM;
+                s->gpm_dt_ns = s->t_ns - d->gpm_prev_t;
+            }
+        }
+    }
+    d->gpm_prev_t = s->t_ns;
+    d->gpm_have_prev = 1;
+    d->gpm_cur = 1 - d->gpm_cur;
+}
+
+/* Take one sample of device d (no lock held: only NVML calls and local writes). The probe
+ * (probing = 1) checks GPM support without taking a GPM sample. */
+static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, int64_t t_ns,
+                              int probing)
 {
     otg_ret_t r;
     otg_dev_t h = d->handle;
@@ -392,7 +548,24 @@ static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, i
             s->mem_util = u.memory;
         }
     }
-    if ((d->caps & OTG_F_MEMORY) && !OTG_LOST(s)) {
+    if ((d->caps & OTG_F_MEM_RESERVED) && (d->caps & OTG_F_MEMORY) && !OTG_LOST(s)) {
+        /* v2 (drivers >= 515): used excludes the reserved memory, as nvidia-smi shows. */
+        nvmlMemory_v2_t m2;
+        memset(&m2, 0, sizeof m2);
+        m2.version = OTG_NVML_MEMORY_V2_VERSION;
+        r = OTG_CALL(n->DeviceGetMemoryInfo_v2, h, &m2);
+        if (otg_check(d, s, OTG_F_MEMORY | OTG_F_MEM_RESERVED, r)) {
+            s->mem_used = m2.used;
+            s->mem_total = m2.total;
+            s->mem_reserved = m2.reserved;
+        } else if (!(d->caps & OTG_F_MEM_RESERVED)) {
+            /* v2 unsupported: keep memory (v1 below), drop only the reserved field. */
+            __atomic_or_fetch(&d->caps, OTG_F_MEMORY, __ATOMIC_RELAXED);
+            __atomic_and_fetch(&d->disabled, ~OTG_F_MEMORY, __ATOMIC_RELAXED);
+            d->off_code[1] = 0;
+        }
+    }
+    if ((d->caps & OTG_F_MEMORY) && !(d->caps & OTG_F_MEM_RESERVED) && !OTG_LOST(s)) {
         otg_memory_t m;
         r = OTG_CALL(n->DeviceGetMemoryInfo, h, &m);
         if (otg_check(d, s, OTG_F_MEMORY, r)) {
@@ -453,6 +626,10 @@ static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, i
                     else if (bit[k] == OTG_F_PCIE_RX) s->pcie_rx = v;
                     else if (bit[k] == OTG_F_NVLINK_TX) s->nvlink_tx = v * 1024ull;
                     else if (bit[k] == OTG_F_NVLINK_RX) s->nvlink_rx = v * 1024ull;
+                    else if (bit[k] == OTG_F_MEM_TEMP) s->mem_temp_c = (uint32_t)v;
+                    else if (bit[k] == OTG_F_PCIE_REPLAY) s->pcie_replay = (uint32_t)v;
+                    else if (bit[k] == OTG_F_REMAP)
+                        s->remap[fv[k].fieldId - NVML_FI_DEV_REMAPPED_COR] = (uint32_t)v;
                     else {
                         for (int j = 0; j < OTG_NTHROTTLE; j++)
                             if (bit[k] == (OTG_F_THR0 << j)) s->throttle_ns[j] = v;
@@ -471,6 +648,17 @@ static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, i
         r = OTG_CALL(n->DeviceGetPerformanceState, h, &p);
         if (otg_check(d, s, OTG_F_PSTATE, r)) s->pstate = p;
     }
+    if ((d->caps & OTG_F_ENC) && !OTG_LOST(s)) {
+        unsigned int u, period;
+        r = OTG_CALL(n->DeviceGetEncoderUtilization, h, &u, &period);
+        if (otg_check(d, s, OTG_F_ENC, r)) s->enc_util = u;
+    }
+    if ((d->caps & OTG_F_DEC) && !OTG_LOST(s)) {
+        unsigned int u, period;
+        r = OTG_CALL(n->DeviceGetDecoderUtilization, h, &u, &period);
+        if (otg_check(d, s, OTG_F_DEC, r)) s->dec_util = u;
+    }
+    if ((d->caps & OTG_F_GPM) && !OTG_LOST(s)) otg_sample_gpm(n, d, s, probing);
     if (s->status != OTG_STATUS_LOST && s->nerrors > 0) s->status = OTG_STATUS_FIELD_ERRORS;
 }
 
@@ -519,7 +707,7 @@ static void otg_tick(otg_state_t *st, int64_t t_ns, int from_loop)
         lost = st->dev[i].lost;
         pthread_mutex_unlock(&st->data_lock);
         if (lost || !st->inited) continue;
-        otg_sample_device(&st->nvml, &st->dev[i], &s, t_ns != 0 ? t_ns : otg_now_ns(st));
+        otg_sample_device(&st->nvml, &st->dev[i], &s, t_ns != 0 ? t_ns : otg_now_ns(st), 0);
         pthread_mutex_lock(&st->data_lock);
         if (!st->dev[i].lost) otg_push_sample(st, i, &s);
         pthread_mutex_unlock(&st->data_lock);
@@ -536,7 +724,7 @@ static void otg_probe(otg_state_t *st)
     pthread_mutex_lock(&st->tick_lock);
     for (int i = 0; i < st->ndev; i++) {
         if (st->dev[i].lost || !st->inited) continue;
-        otg_sample_device(&st->nvml, &st->dev[i], &s, otg_now_ns(st));
+        otg_sample_device(&st->nvml, &st->dev[i], &s, otg_now_ns(st), 1);
         if (s.status == OTG_STATUS_LOST) {
             pthread_mutex_lock(&st->data_lock);
             otg_mark_lost(st, i, s.t_ns, st->dev[i].last_error);
@@ -642,7 +830,10 @@ static const otg_sample_t *otg_at(const otg_state_t *st, const otg_device_t *d, 
  *     at or before s, else the first used one) and sample b (the last used one);
  *   - energy_j = delta_mJ x (e - s) / (t_b - t_a) / 1000 when both the window and
  *     t_b - t_a span at least the counter's ~100 ms refresh; else
- *     power_mean_w x (e - s) / 1e9.
+ *     power_mean_w x (e - s) / 1e9;
+ *   - GPM metrics: a sample's gpm[k] covers (t - gpm_dt_ns, t]; the window uses the used
+ *     samples with t > s (all used ones when there are none) and takes the mean of
+ *     gpm[k] weighted by gpm_dt_ns, so adjacent windows partition the GPM intervals.
  * Returns 1 with *w filled, 0 when there is no data.
  */
 static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_window_t *w)
@@ -686,6 +877,7 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
     uint64_t n_util = 0, sum_gpu = 0, sum_mem = 0, n_power = 0, sum_power = 0, max_power = 0;
     uint64_t n_sm = 0, sum_sm = 0, n_reason = 0, n_throttled = 0;
     uint32_t min_gpu = 0, max_gpu = 0;
+    uint64_t n_enc = 0, sum_enc = 0, n_dec = 0, sum_dec = 0;
     for (uint64_t k = f; k <= l; k++) {
         const otg_sample_t *p = otg_at(st, d, first, k);
         if (p->valid & OTG_F_UTIL) {
@@ -720,6 +912,56 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
             if (p->reasons & OTG_THROTTLE_MASK) n_throttled++;
             n_reason++;
         }
+        if (p->valid & OTG_F_MEM_RESERVED) {
+            w->mem_reserved = p->mem_reserved;
+            w->valid |= OTG_F_MEM_RESERVED;
+        }
+        if (p->valid & OTG_F_MEM_TEMP) {
+            if (!(w->valid & OTG_F_MEM_TEMP) || p->mem_temp_c > w->mem_temp_max)
+                w->mem_temp_max = p->mem_temp_c;
+            w->valid |= OTG_F_MEM_TEMP;
+        }
+        if (p->valid & OTG_F_ENC) {
+            sum_enc += p->enc_util;
+            n_enc++;
+        }
+        if (p->valid & OTG_F_DEC) {
+            sum_dec += p->dec_util;
+            n_dec++;
+        }
+    }
+    if (n_enc > 0) {
+        w->valid |= OTG_F_ENC;
+        w->enc_util_mean = (double)sum_enc / (double)n_enc;
+    }
+    if (n_dec > 0) {
+        w->valid |= OTG_F_DEC;
+        w->dec_util_mean = (double)sum_dec / (double)n_dec;
+    }
+    {
+        double gsum[OTG_NGPM], gw[OTG_NGPM];
+        uint64_t g0 = f;
+        while (g0 <= l && otg_at(st, d, first, g0)->t_ns <= s_ns) g0++;
+        if (g0 > l) g0 = f;
+        memset(gsum, 0, sizeof gsum);
+        memset(gw, 0, sizeof gw);
+        for (uint64_t k = g0; k <= l; k++) {
+            const otg_sample_t *p = otg_at(st, d, first, k);
+            if (!(p->valid & OTG_F_GPM)) continue;
+            double dt = (double)p->gpm_dt_ns;
+            for (int j = 0; j < OTG_NGPM; j++) {
+                if (!(p->gpm_valid & (1u << j))) continue;
+                gsum[j] += p->gpm[j] * dt;
+                gw[j] += dt;
+            }
+        }
+        for (int j = 0; j < OTG_NGPM; j++) {
+            if (gw[j] > 0) {
+                w->gpm[j] = gsum[j] / gw[j];
+                w->gpm_valid |= 1u << j;
+            }
+        }
+        if (w->gpm_valid) w->valid |= OTG_F_GPM;
     }
     w->samples = l - f + 1;
     if (n_util > 0) {
@@ -769,6 +1011,7 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
     OTG_DELTA(OTG_F_PCIE_RX, pcie_rx, pcie_rx)
     OTG_DELTA(OTG_F_NVLINK_TX, nvlink_tx, nvlink_tx)
     OTG_DELTA(OTG_F_NVLINK_RX, nvlink_rx, nvlink_rx)
+    OTG_DELTA(OTG_F_PCIE_REPLAY, pcie_replay, pcie_replay_delta)
 #undef OTG_DELTA
     w->lost = d->lost && d->lost_t_ns <= e_ns;
     pthread_mutex_unlock(&st->data_lock);
@@ -823,6 +1066,10 @@ static void otg_after_fork(otg_state_t *st)
         d->prev_ecc_uncorr = d->prev_throttle = 0;
         d->handle = NULL;
         d->caps = OTG_F_ALL;
+        d->gpm_caps = OTG_GPM_ALL;
+        d->gpm_sample[0] = d->gpm_sample[1] = NULL; /* the parent's; NVML state is gone */
+        d->gpm_have_prev = 0;
+        memset(d->off_code, 0, sizeof d->off_code);
         d->disabled = 0;
     }
 }

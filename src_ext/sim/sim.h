@@ -26,7 +26,11 @@
 
 /* ---- NVML ABI ------------------------------------------------------------ */
 
-typedef unsigned int nvmlReturn_t;
+/* Types and structs: one declaration shared with the native sampler. */
+#define OTG_NVML_DEVICE_TAG sim_device
+#define OTG_NVML_EVENT_SET_TAG sim_event_set
+#define OTG_NVML_GPM_SAMPLE_TAG sim_gpm_sample
+#include "common/nvml_abi.h"
 
 enum {
     NVML_SUCCESS = 0,
@@ -62,71 +66,6 @@ enum {
     NVML_ERROR_UNKNOWN = 999,
 };
 
-typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;                 /* 8 */
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;           /* 24 */
-typedef struct {
-    unsigned int version;
-    unsigned long long total, reserved, free, used;
-} nvmlMemory_v2_t;                                                               /* 40 */
-typedef struct {
-    char busIdLegacy[16];
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    char busId[32];
-} nvmlPciInfo_t;                                                                 /* 68 */
-typedef struct {
-    char busId[16];
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    unsigned int reserved0, reserved1, reserved2, reserved3;
-} nvmlPciInfo_v1_t;                                                              /* 52 */
-typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId, computeInstanceId;
-} nvmlProcessInfo_t;                                                             /* 24 */
-typedef struct {
-    unsigned int pid;
-    unsigned long long timeStamp;
-    unsigned int smUtil, memUtil, encUtil, decUtil;
-} nvmlProcessUtilizationSample_t;                                                /* 32 */
-typedef struct {
-    unsigned long long timeStamp;
-    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
-} nvmlProcessUtilizationInfo_v1_t;                                               /* 40 */
-typedef struct {
-    unsigned int version, processSamplesCount;
-    unsigned long long lastSeenTimeStamp;
-    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
-} nvmlProcessesUtilizationInfo_t;                                                /* 24 */
-typedef union {
-    double dVal;
-    int siVal;
-    unsigned int uiVal;
-    unsigned long ulVal;
-    unsigned long long ullVal;
-    signed long long sllVal;
-    unsigned short usVal;
-} nvmlValue_t;                                                                   /* 8 */
-typedef struct { unsigned long long timeStamp; nvmlValue_t sampleValue; } nvmlSample_t;
-typedef struct {
-    unsigned int fieldId, scopeId;
-    long long timestamp, latencyUsec;
-    unsigned int valueType;
-    nvmlReturn_t nvmlReturn;
-    nvmlValue_t value;
-} nvmlFieldValue_t;                                                              /* 40 */
-typedef struct sim_device *nvmlDevice_t;
-typedef struct sim_event_set *nvmlEventSet_t;
-typedef struct {
-    nvmlDevice_t device;
-    unsigned long long eventType, eventData;
-    unsigned int gpuInstanceId, computeInstanceId;
-} nvmlEventData_t;                                                               /* 32 */
-typedef struct { unsigned int version, sensorType; int temperature; } nvmlTemperature_t;
-typedef struct { unsigned long long referenceTime, violationTime; } nvmlViolationTime_t;
-typedef struct { unsigned long long bar1Total, bar1Free, bar1Used; } nvmlBAR1Memory_t;
-
-#define NVML_STRUCT_VERSION(s, v) ((unsigned int)(sizeof(s) | ((v) << 24U)))
 #define NVML_VALUE_NOT_AVAILABLE_ULL (~0ULL)
 
 /* value types */
@@ -190,6 +129,13 @@ enum {
     FEAT_EVENTS = 1 << 14,
     FEAT_SAMPLES = 1 << 15,
     FEAT_RETIRED_PAGES = 1 << 16,
+    FEAT_GPM = 1 << 17, /* GPU Performance Monitoring (also needs arch >= Hopper) */
+};
+
+/* GPM activity metrics the simulator models (sim_gpm.c); index into sim_gpu_config.gpm. */
+enum {
+    GPM_SM_ACTIVE, GPM_SM_OCCUPANCY, GPM_TENSOR, GPM_HMMA, GPM_IMMA, GPM_DFMA, GPM_DMMA,
+    GPM_DRAM, GPM_FP16, GPM_FP32, GPM_FP64, GPM_INTEGER, GPM_NACT
 };
 
 typedef struct {
@@ -208,6 +154,10 @@ typedef struct {
     unsigned int unsupported;                                         /* FEAT_* bits */
     unsigned int mig_capable;
     sim_pattern util, mem_util, mem_used, power;
+    /* GPM activity k in percent: gpm[k](t) when given, else gpm_ratio[k] x util(t). */
+    sim_pattern gpm[GPM_NACT];
+    double gpm_ratio[GPM_NACT];
+    int gpm_no_permission; /* GPM calls answer NVML_ERROR_NO_PERMISSION (restricted host) */
 } sim_gpu_config;
 
 enum event_kind {

@@ -49,7 +49,10 @@ def test_names_units_attributes_and_values(
     rd, provider = reader
     register_gpu_metrics(provider.get_meter("test"), sampler)
     sim_gpu.advance(5.0)  # 80 % phase
-    sampler.sample_once()
+    # Two samples 100 ms apart (the virtual clock stands still): GPM compares them.
+    t = sampler.now_ns() - 200_000_000
+    sampler.sample_once(timestamp_ns=t)
+    sampler.sample_once(timestamp_ns=t + 100_000_000)
     got = collect(rd)
     expected_names = {m.name for m in N.GPU_METRICS} - {N.FAN_SPEED.name, N.XID.name}
     assert expected_names <= set(got)
@@ -77,6 +80,44 @@ def test_names_units_attributes_and_values(
         assert energy == pytest.approx((70 + 620 * 0.2) * 2 + (70 + 620 * 0.8) * 3, rel=0.01)
         (temp,) = _by_device(rows("hw.temperature"), u, **{"hw.sensor_location": "gpu"})
         assert 20 <= temp <= 90
+        (hbm,) = _by_device(rows("hw.temperature"), u, **{"hw.sensor_location": "memory"})
+        assert hbm == temp + 6  # the H100 model's memory offset
+        assert _by_device(rows("hw.gpu.utilization"), u, **{"hw.gpu.task": "encoder"}) == [0.0]
+        assert _by_device(rows("otelgpu.gpu.memory.reserved"), u) == [512 << 20]
+        limits = {
+            a["otelgpu.gpu.temperature.limit_type"]: v
+            for a, v in rows("otelgpu.gpu.temperature.limit")
+            if a["hw.id"] == u
+        }
+        assert limits == {"slowdown": 87, "shutdown": 92}
+        assert _by_device(rows("otelgpu.gpu.pcie.replays"), u) == [0]
+        remap = {
+            a["otelgpu.gpu.remap.state"]: v
+            for a, v in rows("otelgpu.gpu.memory.remapped_rows")
+            if a["hw.id"] == u
+        }
+        assert remap == {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0}
+        # GPM at 80 % utilization with the simulator's default shares of utilization.
+        assert _by_device(rows("otelgpu.gpu.graphics.activity"), u) == [pytest.approx(0.80)]
+        assert _by_device(rows("otelgpu.gpu.sm.activity"), u) == [pytest.approx(0.85 * 0.8)]
+        assert _by_device(rows("otelgpu.gpu.sm.occupancy"), u) == [pytest.approx(0.45 * 0.8)]
+        tensor = {
+            a["otelgpu.gpu.tensor.pipe"]: v
+            for a, v in rows("otelgpu.gpu.tensor.activity")
+            if a["hw.id"] == u
+        }
+        assert tensor == pytest.approx(
+            {"any": 0.55 * 0.8, "hmma": 0.55 * 0.8, "imma": 0.0, "dfma": 0.0, "dmma": 0.0}
+        )
+        assert _by_device(rows("otelgpu.gpu.dram.activity"), u) == [pytest.approx(0.35 * 0.8)]
+        pipes = {
+            a["otelgpu.gpu.pipe"]: v
+            for a, v in rows("otelgpu.gpu.pipe.activity")
+            if a["hw.id"] == u
+        }
+        assert pipes == pytest.approx(
+            {"fp16": 0.05 * 0.8, "fp32": 0.15 * 0.8, "fp64": 0.0, "integer": 0.1 * 0.8}
+        )
         io = rows("hw.gpu.io")
         assert _by_device(io, u, **{"network.io.direction": "transmit"})[0] > 0
         assert _by_device(io, u, **{"network.io.direction": "receive"})[0] > 0

@@ -48,7 +48,8 @@ PROGRAM = """
         time.sleep(0.1)
     time.sleep(0.3)  # the XID reaches the health counter
     device = pynvml.nvmlDeviceGetHandleByIndex(0)
-    used = pynvml.nvmlDeviceGetMemoryInfo(device).used
+    # memory v2, as the sampler reads it (used without the reserved memory)
+    used = pynvml.nvmlDeviceGetMemoryInfo(device, version=pynvml.nvmlMemory_v2).used
     uuid = pynvml.nvmlDeviceGetUUID(device)
     handle.shutdown()
     print(json.dumps({"used": used, "uuid": uuid if isinstance(uuid, str) else uuid.decode()}))

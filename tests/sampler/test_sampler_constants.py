@@ -1,45 +1,46 @@
-"""The C header and the pure twin share one contract: field bits, field table, masks."""
+"""The native module and the pure twin share one contract: field bits, the field-value
+table, GPM metric ids, masks, limits and event kinds -- compared module to module
+(``_sampler_c.constants()`` reads the C header's definitions at build time)."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+import pytest
 
+from otelgpu import _impl
 from otelgpu.sampler import _fields as F
 
-HEADER = (Path(__file__).resolve().parents[2] / "src_ext" / "sampler" / "otg_sampler.h").read_text()
+native = None if _impl.NO_EXTENSIONS else _impl.native_module("otelgpu.sampler._sampler_c")
+needs_native = pytest.mark.skipif(
+    _impl.NO_EXTENSIONS, reason="pure-Python run (OTELGPU_NO_EXTENSIONS): no native module"
+)
 
 
-def _define(name: str) -> int:
-    m = re.search(rf"#define {name} \(?([0-9a-fA-Fx]+)u?(?: << (\d+))?\)?", HEADER)
-    assert m, name
-    value = int(m.group(1).rstrip("ul"), 0)
-    return value << int(m.group(2)) if m.group(2) else value
+@needs_native
+def test_native_constants_equal_the_pure_twin() -> None:
+    assert native is not None, "extensions are enabled but the native sampler did not load"
+    c = native.constants()
+    for name, value in c.items():
+        if name in ("FIELD_TABLE", "GPM_IDS", "NTHROTTLE"):
+            continue
+        assert getattr(F, name) == value, name
+    assert c["FIELD_TABLE"] == F.FIELD_TABLE
+    assert c["GPM_IDS"] == F.GPM_IDS
+    assert c["NTHROTTLE"] == len(F.THROTTLE_COUNTERS)
+    # every bit named, and F_ALL covers exactly the named fields
+    named = 0
+    for bit in F.FIELD_NAMES:
+        named |= bit
+    assert named == F.F_ALL == c["F_ALL"]
 
 
-def test_field_bits_agree() -> None:
-    for name in (
-        "UTIL", "MEMORY", "POWER", "ENERGY", "TEMP", "SM_CLOCK", "MEM_CLOCK", "REASONS",
-        "THR0", "PCIE_TX", "PCIE_RX", "NVLINK_TX", "NVLINK_RX", "ECC_CORR", "ECC_UNCORR",
-        "FAN", "PSTATE", "ALL",
-    ):  # fmt: skip
-        assert _define(f"OTG_F_{name}") == getattr(F, f"F_{name}"), name
-    assert _define("OTG_THROTTLE_MASK") == F.THROTTLE_MASK
-    assert _define("OTG_ENERGY_MIN_SPAN_NS") == F.ENERGY_MIN_SPAN_NS
-    assert _define("OTG_WAIT_MS") == F.WAIT_MS
-    for k, kind in enumerate(("XID", "ECC_UNCORRECTED", "DEVICE_LOST", "THROTTLE_START")):
-        assert _define(f"OTG_EV_{kind}") == k == getattr(F, f"EV_{kind}")
-
-
-def test_field_table_agrees() -> None:
-    table = HEADER[HEADER.index("OTG_FIELD_TABLE[OTG_NFIELDS] = {") :]
-    table = table[: table.index("};")]
-    entries = re.findall(r"\{(\d+), (0|OTG_SCOPE_ALL_LINKS), (OTG_F_\w+(?: << \d)?)\}", table)
-    assert len(entries) == len(F.FIELD_TABLE) == _define("OTG_NFIELDS")
-    for (fid, scope, bit), (pid, pscope, pbit) in zip(entries, F.FIELD_TABLE, strict=True):
-        assert int(fid) == pid
-        assert (F.SCOPE_ALL_LINKS if scope != "0" else 0) == pscope
-        name, _, shift = bit.partition(" << ")
-        assert _define(name) << int(shift or 0) == pbit
+def test_pure_contract_is_consistent() -> None:
+    assert [bit for _, _, bit in F.FIELD_TABLE if bit == F.F_REMAP] == [F.F_REMAP] * 4
+    assert [fid for fid, _, bit in F.FIELD_TABLE if bit == F.F_REMAP] == [
+        F.REMAP_FIRST_FIELD + k for k in range(4)
+    ]
+    assert (1 << len(F.GPM_METRICS)) - 1 == F.GPM_ALL
+    assert len(set(F.GPM_IDS)) == len(F.GPM_IDS)
     assert F.reason_names(0x48) == ("hw_slowdown", "hw_thermal_slowdown")
     assert F.reason_names(0x1000) == ("0x1000",)
+    assert F.EVENT_KINDS[F.EV_XID] == "xid"
+    assert F.EVENT_KINDS[F.EV_THROTTLE_START] == "throttle_start"

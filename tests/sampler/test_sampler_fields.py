@@ -21,14 +21,25 @@ def _pynvml_reading(index: int) -> dict[str, Any]:
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
         util = pynvml.nvmlDeviceGetUtilizationRates(h)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        fields = pynvml.nvmlDeviceGetFieldValues(h, [74, 270, 197, 198, (138, 0xFFFFFFFF)])
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        mem_v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+        fields = pynvml.nvmlDeviceGetFieldValues(h, [74, 270, 197, 198, (138, 0xFFFFFFFF), 82, 94])
+        remap = pynvml.nvmlDeviceGetRemappedRows(h)
         return {
             "uuid": pynvml.nvmlDeviceGetUUID(h),
             "gpu_util_pct": util.gpu,
             "memory_util_pct": util.memory,
-            "memory_used_bytes": mem.used,
+            "memory_used_bytes": mem.used,  # v2: excludes the reserved memory
+            "memory_reserved_bytes": mem.reserved,
+            "memory_used_v1_bytes": mem_v1.used,
             "memory_total_bytes": mem.total,
+            "memory_temperature_c": fields[5].value.uiVal,
+            "pcie_replay_count": fields[6].value.uiVal,
+            "remapped_rows": dict(
+                zip(("correctable", "uncorrectable", "pending", "failure"), remap, strict=True)
+            ),
+            "encoder_util_pct": pynvml.nvmlDeviceGetEncoderUtilization(h)[0],
+            "decoder_util_pct": pynvml.nvmlDeviceGetDecoderUtilization(h)[0],
             "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "energy_mj": pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
             "temperature_c": pynvml.nvmlDeviceGetTemperature(h, 0),
@@ -93,8 +104,18 @@ def test_every_field_matches_the_scenario_and_pynvml(
             "ecc_corrected",
             "ecc_uncorrected",
             "pstate",
+            "memory_reserved_bytes",
+            "memory_temperature_c",
+            "pcie_replay_count",
+            "remapped_rows",
+            "encoder_util_pct",
+            "decoder_util_pct",
         ):
             assert getattr(s, field) == expected[field], field
+        # Memory v2, as nvidia-smi: used excludes the reserved memory that v1 counts.
+        assert s.memory_reserved_bytes == 512 << 20  # the model's reserved_mib
+        assert s.memory_used_bytes + s.memory_reserved_bytes == expected["memory_used_v1_bytes"]
+        assert s.memory_temperature_c == (s.temperature_c or 0) + 6  # H100 mem offset 6 C
         assert s.throttle_ns["sw_power_cap"] == expected["sw_power_cap_ns"]
         assert s.throttle_ns["hw_thermal_slowdown"] == expected["hw_thermal_ns"]
         assert set(s.throttle_ns) >= {"sw_power_cap", "hw_thermal_slowdown", "sync_boost"}
@@ -130,3 +151,51 @@ def test_sample_status_and_unknown_device(
     assert sampler.latest(sampler.devices[0].uuid) is None  # nothing sampled yet
     assert sampler.window("GPU-not-a-device", 0, 1) is None
     assert sampler.events(0, 2**62, uuid="GPU-not-a-device") == []
+
+
+def test_memory_falls_back_to_v1_without_memory_v2(
+    sim_scenario: Callable[..., sim.SimGpu],
+    make_sampler: Callable[..., BaseGpuSampler],
+    scenario_with: Callable[..., dict[str, Any]],
+) -> None:
+    """A driver without MemoryInfo v2 (< 515): memory is still sampled (v1, used includes
+    the reserved memory), only the reserved field is off -- with NVML's reason."""
+    gpu = sim_scenario(scenario_with(unsupported=["memory_v2"]))
+    sampler = make_sampler()
+    gpu.advance(1.0)
+    sampler.sample_once(timestamp_ns=gpu.time_ns())
+    uuid = sampler.devices[0].uuid
+    s = sampler.latest(uuid)
+    assert s is not None and s.status == "ok"
+    pynvml.nvmlInit()
+    try:
+        v1 = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    assert s.memory_used_bytes == v1.used == 21 * GIB + (512 << 20)
+    assert s.memory_reserved_bytes is None
+    assert "memory" in sampler.supported_fields(uuid)
+    assert "memory_reserved" not in sampler.supported_fields(uuid)
+    assert sampler.unsupported_fields(uuid) == {
+        "fan_speed": "the device does not support it (NVML_ERROR_NOT_SUPPORTED)",
+        "memory_reserved": "the device does not support it (NVML_ERROR_NOT_SUPPORTED)",
+    }
+
+
+def test_device_details_match_pynvml(
+    sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    """VBIOS, serial and temperature limits on DeviceInfo, read once at discovery."""
+    sampler = make_sampler()
+    pynvml.nvmlInit()
+    try:
+        for index, device in enumerate(sampler.devices):
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            assert device.uuid == pynvml.nvmlDeviceGetUUID(h)
+            assert device.vbios_version == pynvml.nvmlDeviceGetVbiosVersion(h)
+            assert device.serial == pynvml.nvmlDeviceGetSerial(h)
+            d = device.details
+            assert d.slowdown_temp_c == pynvml.nvmlDeviceGetTemperatureThreshold(h, 1) == 87
+            assert d.shutdown_temp_c == pynvml.nvmlDeviceGetTemperatureThreshold(h, 0) == 92
+    finally:
+        pynvml.nvmlShutdown()

@@ -3,7 +3,8 @@
  * otelgpu.sim through ctypes. All are thread-safe.
  *
  *   int  otelgpu_sim_configure(const char *text)    normalized scenario; resets all state
- *   int  otelgpu_sim_unconfigure(void)              back to "no scenario", refcount 0
+ *   int  otelgpu_sim_unconfigure(void)              back to "no scenario"; the nvmlInit
+ *                                                   refcount is kept (see below)
  *   const char *otelgpu_sim_last_error(void)        message of the last failed call
  *   long long otelgpu_sim_now_ns(void)              scenario time (ns since start)
  *   long long otelgpu_sim_epoch_ns(void)            wall time (ns since 1970) of t = 0
@@ -39,10 +40,13 @@ SIM_EXPORT int otelgpu_sim_configure(const char *text) {
     return 0;
 }
 
+/* The nvmlInit refcount survives unloading a scenario, as it survives everything in the
+ * real library: only nvmlShutdown lowers it. Zeroing it here let a client that still held
+ * an init (a sampler collected later) cancel the init of the next client with its late
+ * nvmlShutdown -- that client then read UNINITIALIZED and saw no fault. */
 SIM_EXPORT int otelgpu_sim_unconfigure(void) {
     sim_lock();
     g_sim.configured = 0;
-    g_sim.refcount = 0;
     g_sim.gpu_count = 0;
     g_sim.nevents = 0;
     g_sim.nprocs = 0;

@@ -200,6 +200,11 @@ def cuda_driver_present() -> bool:
 def framework_guard(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """Make CUDA frameworks in a simulated process use the CPU when there is no CUDA driver.
 
+    Applied by the launchers (``OTELGPU_SIM``: ``otelgpu run``, ``opentelemetry-instrument``,
+    plain ``python``; ``otelgpu sim run`` through :func:`env_for`), which activate the
+    simulator before the program imports its framework; a program calling :func:`activate`
+    itself decides on its own.
+
     Sets :data:`FRAMEWORK_CPU_SETTINGS` in ``env`` where they are unset; returns what it set.
     NVML clients (pynvml, nvitop, gpustat, otelgpu's sampler) still see the simulated GPUs.
     """
@@ -245,7 +250,6 @@ def activate(
         text = sc.to_config(clock, epoch_ns if epoch_ns is not None else time.time_ns())
         _library.check(lib.otelgpu_sim_configure(text.encode()), lib, f"scenario {sc.name}")
         os.environ[ENV_NVML_LIBRARY] = _library.library_path()
-        framework_guard(os.environ)
         _active = SimGpu(sc, clock)
         return _active
 
@@ -336,7 +340,9 @@ def activate_from_env() -> SimGpu | None:
             framework_guard(os.environ)
             _active = SimGpu(sc, clock)
             return _active
-    return activate(name, clock=clock)
+    sim = activate(name, clock=clock)
+    framework_guard(os.environ)
+    return sim
 
 
 def _warn_once(sim: SimGpu) -> None:

@@ -162,6 +162,7 @@ def test_pipeline_sim_activation_warns_once_loudly(
     from otelgpu.sim import _runtime as sim_runtime
 
     monkeypatch.setattr(sim_runtime, "_warned", False)
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cuda")  # the launcher guard leaves it alone
     monkeypatch.setenv("OTELGPU_SIM", "healthy-8xh100")
     monkeypatch.setenv("OTELGPU_SIM_CLOCK", "virtual")
     caplog.set_level(logging.WARNING, logger="otelgpu.sim")

@@ -116,3 +116,13 @@ def test_vllm_resolves_the_cpu_platform_under_every_launcher(tmp_path: Path) -> 
         assert "OtelGpuStatLogger" in result["factories"], (name, result)
         assert result["sampled"] == 8, (name, result)  # otelgpu samples the simulated GPUs
         assert "libcuda" not in stderr, name
+
+
+def test_vllm_guard_sets_cpu_only_without_a_cuda_driver_and_never_overrides() -> None:
+    from otelgpu import sim
+    from otelgpu.sim._runtime import cuda_driver_present, framework_guard
+
+    expected = {} if cuda_driver_present() else {"VLLM_TARGET_DEVICE": "cpu"}
+    env = sim.env_for(SCENARIO, base={})
+    assert {k: env[k] for k in expected} == expected
+    assert framework_guard({"VLLM_TARGET_DEVICE": "cuda"}) == {}  # the user's choice wins

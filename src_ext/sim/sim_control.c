@@ -15,6 +15,7 @@
  *   int  otelgpu_sim_is_virtual(void), otelgpu_sim_gpu_count(void)
  *   unsigned long long otelgpu_sim_calls(void)      NVML calls served so far
  *   int  otelgpu_sim_refcount(void)
+ *   const char *otelgpu_sim_features(void)          "name=bit,..." of the FEAT_* bits
  * Return 0 on success, -1 with otelgpu_sim_last_error() set otherwise.
  */
 #include <stdio.h>
@@ -159,4 +160,28 @@ SIM_EXPORT int otelgpu_sim_inject(const char *line) {
     sim_events_notify();
     sim_unlock();
     return 0;
+}
+
+/* The feature bits (FEAT_*) by their scenario names, "name=bit,..." -- so the Python
+ * side's FEATURES table is checked against this one, module to module, not copied. */
+SIM_EXPORT const char *otelgpu_sim_features(void) {
+    static char text[512];
+    static const struct { const char *name; unsigned int bit; } table[] = {
+        {"ecc", FEAT_ECC}, {"fan", FEAT_FAN}, {"power", FEAT_POWER}, {"energy", FEAT_ENERGY},
+        {"temperature", FEAT_TEMPERATURE}, {"nvlink", FEAT_NVLINK},
+        {"remapped_rows", FEAT_REMAPPED_ROWS}, {"pcie", FEAT_PCIE},
+        {"processes", FEAT_PROCESSES}, {"utilization", FEAT_UTILIZATION},
+        {"clock_reasons", FEAT_CLOCK_REASONS}, {"memory_v2", FEAT_MEMORY_V2},
+        {"clocks", FEAT_CLOCKS}, {"pstate", FEAT_PSTATE}, {"events", FEAT_EVENTS},
+        {"samples", FEAT_SAMPLES}, {"retired_pages", FEAT_RETIRED_PAGES},
+    };
+    sim_lock();
+    if (!text[0]) {
+        size_t off = 0;
+        for (size_t i = 0; i < sizeof(table) / sizeof(table[0]) && off < sizeof(text); i++)
+            off += (size_t)snprintf(text + off, sizeof(text) - off, "%s%s=%u", i ? "," : "",
+                                    table[i].name, table[i].bit);
+    }
+    sim_unlock();
+    return text;
 }

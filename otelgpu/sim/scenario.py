@@ -157,7 +157,7 @@ _TOP_KEYS = (
 _DRIVER_KEYS = ("version", "cuda_version", "nvml_version", "init_error", "latency_ms")
 _PROCESS_KEYS = ("gpu", "pid", "name", "memory_gib", "start_s", "end_s", "sm_util", "type")
 _EVENT_KEYS: dict[str, tuple[str, ...]] = {
-    "xid": ("code",),
+    "xid": ("code", "contained", "companions"),
     "gpu_lost": (),
     "ecc": ("corrected", "uncorrected", "duration_s"),
     "throttle": ("reason", "duration_s", "clock_factor", "power_cap_w"),
@@ -248,6 +248,7 @@ class Event:
         a = b = c = d = 0.0
         if self.kind == "xid":
             a = p["code"]
+            b = (0 if p.get("contained", True) else 1) | (0 if p.get("companions", True) else 2)
         elif self.kind == "ecc":
             a, b = p["corrected"], p["uncorrected"]
         elif self.kind == "throttle":
@@ -779,6 +780,9 @@ def _event_params(c: _Checker, key: str, kind: str, t: Mapping[str, Any]) -> dic
         if "code" not in t:
             raise c.fail(f"{key}.code", None, "an Xid number in [1, 999] (required)")
         p["code"] = int(c.number(f"{key}.code", t["code"], lo=1, hi=999, integer=True))
+        # Xid 48 only: what a real Ampere+ board raises with it (docs/simulator.md)
+        p["contained"] = c.boolean(f"{key}.contained", t.get("contained", True))
+        p["companions"] = c.boolean(f"{key}.companions", t.get("companions", True))
     elif kind == "ecc":
         p["corrected"] = int(
             c.number(f"{key}.corrected", t.get("corrected", 0), lo=0, integer=True)

@@ -156,6 +156,12 @@ SIM_EXPORT int otelgpu_sim_inject(const char *line) {
         return fail("event table full");
     }
     g_sim.events[g_sim.nevents++] = ev;
+    if (sim_add_companions(&g_sim, g_sim.nevents - 1)) {
+        g_sim.nevents--;
+        sim_index_events();
+        sim_unlock();
+        return fail("event table full");
+    }
     sim_index_events();
     sim_events_notify();
     sim_unlock();

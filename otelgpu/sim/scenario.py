@@ -143,6 +143,44 @@ _DEVICE_KEYS: dict[str, str] = {
     "power_w": "pattern",
 }
 
+#: Upper bounds of device keys: far beyond any real board, small enough that every value
+#: stays finite and exact through the byte/milliwatt conversions and the C library's types.
+_DEVICE_LIMITS: dict[str, float] = {
+    "memory_gib": 16384,
+    "reserved_mib": 16384 * 1024,
+    "bar1_gib": 16384,
+    "memory_used_gib": 16384,
+    "pci_device_id": 0xFFFFFFFF,
+    "power_limit_w": 100_000,
+    "default_power_limit_w": 100_000,
+    "min_power_limit_w": 100_000,
+    "max_power_limit_w": 100_000,
+    "idle_power_w": 100_000,
+    "max_power_w": 100_000,
+    "power_w": 100_000,
+    "sm_clock_mhz": 100_000,
+    "sm_clock_idle_mhz": 100_000,
+    "mem_clock_mhz": 100_000,
+    "video_clock_mhz": 100_000,
+    "fans": 64,
+    "nvlink_links": 64,
+    "pcie_gen": 16,
+    "pcie_width": 64,
+    "ambient_c": 1000,
+    "thermal_c_per_w": 1000,
+    "thermal_tau_s": 1e6,
+    "slowdown_temp_c": 1000,
+    "shutdown_temp_c": 1000,
+    "mem_temp_offset_c": 1000,
+    "ecc_aggregate_corrected": 2**62,
+    "ecc_aggregate_uncorrected": 2**62,
+}
+_DEFAULT_LIMIT = 1e12  # rates (MB/s) and anything else numeric
+
+#: A scenario file is a small hand-written document: bounded size and nesting.
+MAX_SCENARIO_BYTES = 1 << 20
+MAX_NESTING = 16
+
 _TOP_KEYS = (
     "version",
     "name",
@@ -519,14 +557,15 @@ def _check_device_key(c: _Checker, key: str, name: str, value: Any) -> Any:
         return c.choice(key, value, names)
     if kind == "str":  # lengths: the NVML buffers (serial 30, busId 32, name/UUID 96)
         return c.string(key, value, {"serial": 29, "pci_bus_id": 31}.get(name, 95))
+    hi = _DEVICE_LIMITS.get(name, _DEFAULT_LIMIT)
     if kind == "uint":
-        return int(c.number(key, value, lo=0, integer=True))
+        return int(c.number(key, value, lo=0, hi=hi, integer=True))
     if kind == "pos":
-        return c.number(key, value, lo=0, lo_open=True)
+        return c.number(key, value, lo=0, lo_open=True, hi=hi)
     if kind == "nonneg":
-        return c.number(key, value, lo=0)
+        return c.number(key, value, lo=0, hi=hi)
     if kind == "float":
-        return c.number(key, value)
+        return c.number(key, value, lo=-hi, hi=hi)
     if kind == "fraction":
         return c.number(key, value, lo=0, hi=1, lo_open=True)
     if kind == "bool":
@@ -548,7 +587,7 @@ def _check_device_key(c: _Checker, key: str, name: str, value: Any) -> Any:
         return [c.choice(f"{key}[{i}]", f, tuple(FEATURES)) for i, f in enumerate(value)]
     if kind == "percent_pattern":
         return c.pattern(key, value, lo=0, hi=100)
-    return c.pattern(key, value, lo=0, hi=None)  # "pattern": non-negative values
+    return c.pattern(key, value, lo=0, hi=hi)  # "pattern": non-negative values
 
 
 def _device_overrides(
@@ -901,12 +940,47 @@ def load_scenario(name_or_path: str | Path | Mapping[str, Any] | Scenario) -> Sc
     if isinstance(name_or_path, Scenario):
         return name_or_path
     if isinstance(name_or_path, Mapping):
+        _check_nesting("<dict>", name_or_path)
         return parse_scenario(name_or_path, "<dict>", name=str(name_or_path.get("name", "custom")))
     path = resolve_path(name_or_path)
+    source = str(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(str(path), "syntax", str(exc), "valid TOML") from None
+        with path.open("rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
     except OSError as exc:
-        raise ScenarioError(str(path), "file", str(exc), "a readable TOML scenario file") from None
-    return parse_scenario(data, str(path), name=path.stem)
+        raise ScenarioError(source, "file", str(exc), "a readable TOML scenario file") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(
+            source, "file", f"{len(raw)}+ bytes", f"a file of at most {MAX_SCENARIO_BYTES} bytes"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            source, "encoding", f"byte {raw[exc.start]:#04x} at offset {exc.start}", "UTF-8 text"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(source, "syntax", str(exc), "valid TOML") from None
+    except RecursionError:
+        raise ScenarioError(
+            source, "syntax", "nesting too deep", f"TOML nested at most {MAX_NESTING} levels"
+        ) from None
+    _check_nesting(source, data)
+    return parse_scenario(data, source, name=path.stem)
+
+
+def _check_nesting(source: str, data: Any) -> None:
+    """Refuse documents nested deeper than :data:`MAX_NESTING` (iteratively: no recursion)."""
+    stack: list[tuple[Any, int, str]] = [(data, 0, "")]
+    while stack:
+        value, depth, key = stack.pop()
+        if depth > MAX_NESTING:
+            raise ScenarioError(
+                source, key or "document", "nesting too deep", f"at most {MAX_NESTING} levels"
+            )
+        if isinstance(value, Mapping):
+            stack += [(v, depth + 1, f"{key}.{k}" if key else str(k)) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, depth + 1, f"{key}[{i}]") for i, v in enumerate(value)]

@@ -32,13 +32,12 @@ from typing import Any
 
 from otelgpu.errors import ConfigurationError
 from otelgpu.sim import _library
+from otelgpu.sim._scenario_check import _Checker, _event_params, _gpu_ref
+from otelgpu.sim._scenario_keys import _EVENT_KEYS
 from otelgpu.sim.scenario import (
     Event,
     Scenario,
     ScenarioError,
-    _Checker,
-    _event_params,
-    _gpu_ref,
     list_scenarios,
     load_scenario,
 )
@@ -159,8 +158,6 @@ def _event_kinds() -> tuple[str, ...]:
 
 
 def _event_keys(kind: str) -> tuple[str, ...]:
-    from otelgpu.sim.scenario import _EVENT_KEYS
-
     return _EVENT_KEYS[kind]
 
 

@@ -15,19 +15,15 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import metrics, trace
 
 from otelgpu import _runtime
-from otelgpu import environment_variables as ev
 from otelgpu._contexts import RequestContext, StepContext, request, step
 from otelgpu._runtime import Runtime
 from otelgpu._settings import Settings, resolve
 from otelgpu.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from otelgpu.otel.resource import GpuInventory
 
 _logger = logging.getLogger("otelgpu")
 _lock = threading.RLock()
@@ -87,43 +83,60 @@ def _uninstrument(instrumentor: Any) -> None:
 
 
 def _start_sampler(settings: Settings) -> Any:
-    """Activate the simulator if asked (``OTELGPU_SIM``), then start a GpuSampler or return None."""
-    try:
-        if os.environ.get(ev.OTELGPU_SIM, "").strip():
-            from otelgpu import sim
+    """Activate the simulator if asked (``OTELGPU_SIM``), then start GPU discovery and the
+    sampler off this thread (``otelgpu.sampler._startup``); ``None`` when there is no GPU.
 
-            sim.activate_from_env()
-    except Exception as exc:  # noqa: BLE001 - a bad scenario must not stop the application
-        _logger.warning("otelgpu: could not activate the simulated GPU: %r", exc)
+    Waits at most ``gpu_startup_wait_ms`` for discovery: what it finds by then (a
+    configuration error included) is handled here, anything later in the background.
+    """
+    from otelgpu.sim import activate_from_settings
+
+    activate_from_settings()
     try:
         from otelgpu.sampler import GpuSampler
+        from otelgpu.sampler._startup import DeferredSampler, reports_lost_gpus, validate_sampling
     except ImportError as exc:
         _logger.info("otelgpu: GPU sampler unavailable (%s); no GPU context", exc)
         return None
+    devices = [int(d) if d.isdigit() else d for d in settings.devices] if settings.devices else None
+    interval_s, history_s = settings.sample_interval_ms / 1000, settings.sampler_history_s
     try:
-        sampler = GpuSampler(
-            devices=[int(d) if d.isdigit() else d for d in settings.devices]
-            if settings.devices
-            else None,
-            interval_s=settings.sample_interval_ms / 1000,
-            history_s=settings.sampler_history_s,
-        )
-        if not sampler.devices:
-            sampler.stop()
-            _logger.info("otelgpu: no GPU found; spans carry no GPU context")
-            return None
-        sampler.start()
-        return sampler
+        validate_sampling(interval_s, history_s)
     except ConfigurationError as exc:
-        # NVML is there but the settings name GPUs it does not have (or a history shorter
-        # than the interval): a configuration error, not "no GPU" -- fail fast.
-        setting = _SAMPLER_SETTINGS.get(exc.setting, exc.setting)
-        value = settings.sample_interval_ms if setting == "sample_interval_ms" else exc.value
-        accepted = exc.accepted.replace("interval_s", "the sampling interval")
-        raise ConfigurationError(setting, value, accepted) from exc
-    except Exception as exc:  # noqa: BLE001 - no NVML / no GPU is a normal state
-        _logger.info("otelgpu: no GPU sampling (%s); spans carry no GPU context", exc)
+        raise _sampler_error(settings, exc) from exc
+
+    def build() -> Any:
+        return GpuSampler(devices=devices, interval_s=interval_s, history_s=history_s)
+
+    deferred = DeferredSampler(build, report_lost_gpus=reports_lost_gpus(devices is not None))
+    if not deferred.start().wait_or_detach(settings.gpu_startup_wait_ms / 1000):
+        _logger.info(
+            "otelgpu: GPU discovery still running after %d ms; GPU metrics appear when it ends",
+            settings.gpu_startup_wait_ms,
+        )
+        return deferred
+    error = deferred.error
+    if isinstance(error, ConfigurationError):
+        # NVML is there but the settings name GPUs it does not have: fail fast.
+        deferred.close()
+        raise _sampler_error(settings, error) from error
+    if error is not None:  # no NVML / no GPU is a normal state
+        _logger.info("otelgpu: no GPU sampling (%s); spans carry no GPU context", error)
+        deferred.close()
         return None
+    if not deferred.has_gpus:
+        _logger.info("otelgpu: no GPU found; spans carry no GPU context")
+        deferred.close()
+        return None
+    return deferred
+
+
+def _sampler_error(settings: Settings, exc: ConfigurationError) -> ConfigurationError:
+    """A GpuSampler argument error, renamed to the instrument() setting it comes from."""
+    setting = _SAMPLER_SETTINGS.get(exc.setting, exc.setting)
+    value = settings.sample_interval_ms if setting == "sample_interval_ms" else exc.value
+    accepted = exc.accepted.replace("interval_s", "the sampling interval")
+    return ConfigurationError(setting, value, accepted)
 
 
 #: GpuSampler argument -> the instrument() setting it comes from.
@@ -134,18 +147,27 @@ _SAMPLER_SETTINGS = {
 }
 
 
-def _register_gpu_metrics(runtime: Runtime, inventory: GpuInventory | None) -> None:
+def _register_gpu_metrics(runtime: Runtime) -> None:
+    """Create the GPU instruments once the sampler runs (discovery may still be going on)."""
     if runtime.sampler is None:
         return
     try:
         from otelgpu.metrics.gpu import register_gpu_metrics
+        from otelgpu.sampler._startup import gpu_inventory
     except ImportError as exc:
         _logger.info("otelgpu: GPU metrics unavailable (%s)", exc)
         return
-    try:
-        register_gpu_metrics(runtime, runtime.sampler, inventory.devices if inventory else None)
-    except Exception as exc:  # noqa: BLE001
-        runtime.report_error("register_gpu_metrics", exc)
+
+    def register(sampler: Any) -> None:
+        if runtime.closed:
+            return
+        try:
+            devices = gpu_inventory(runtime.sampler).devices
+            register_gpu_metrics(runtime, sampler, devices or None)
+        except Exception as exc:  # noqa: BLE001
+            runtime.report_error("register_gpu_metrics", exc)
+
+    runtime.sampler.when_ready(register)
 
 
 _FRAMEWORK_INSTRUMENTORS = {
@@ -181,14 +203,14 @@ def _build(
     meter_provider: metrics.MeterProvider | None,
 ) -> Runtime:
     from otelgpu.otel.providers import build_pipeline
-    from otelgpu.otel.resource import build_resource, nvml_inventory
+    from otelgpu.otel.resource import build_resource
     from otelgpu.otel.sketches import SketchRegistry
     from otelgpu.otel.stats import InternalStats
+    from otelgpu.sampler._startup import gpu_inventory
 
     sampler = _start_sampler(settings) if settings.gpu else None
     try:
-        uuids = [d.uuid for d in sampler.devices] if sampler is not None else None
-        inventory = nvml_inventory(uuids) if settings.gpu else None
+        inventory = gpu_inventory(sampler) if sampler is not None else None
         stats = InternalStats()
         sketches = SketchRegistry(
             relative_accuracy=settings.sketch_relative_accuracy,
@@ -206,7 +228,7 @@ def _build(
         )
     except BaseException:
         if sampler is not None:
-            sampler.stop()
+            sampler.close()
         raise
     runtime = Runtime(
         settings,
@@ -218,7 +240,7 @@ def _build(
         sketches=sketches,
         internal_meter_provider=pipeline.internal_meter_provider,
     )
-    _register_gpu_metrics(runtime, inventory)
+    _register_gpu_metrics(runtime)
     return runtime
 
 

@@ -251,7 +251,7 @@ class Runtime:
             self.pipeline.force_flush(timeout_millis)
 
     def close(self) -> None:
-        """Final flush, then stop exporters and the sampler. Idempotent."""
+        """Final flush, then stop exporters and close the sampler (NVML released). Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -267,9 +267,11 @@ class Runtime:
         self.sketches.disable()
         if self.sampler is not None:
             try:
-                self.sampler.stop()
+                # close(), not stop(): NVML (init, event set) is released now, never by the
+                # garbage collector during a later run, where it would cancel that run's init.
+                self.sampler.close()
             except Exception as exc:  # noqa: BLE001
-                _logger.warning("otelgpu: error stopping the GPU sampler: %r", exc)
+                _logger.warning("otelgpu: error closing the GPU sampler: %r", exc)
 
     def after_fork_in_child(self) -> None:
         """A forked child exports nothing of the parent's state and records nothing.

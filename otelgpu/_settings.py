@@ -74,6 +74,7 @@ class Settings:
     devices: tuple[str, ...] | None = None
     sample_interval_ms: int = 100
     sampler_history_s: float = 600.0
+    gpu_startup_wait_ms: int = 500
     sketch_relative_accuracy: float = 0.01
     quantiles: tuple[float, ...] = (0.5, 0.95, 0.99)
     max_series: int = 1000
@@ -333,6 +334,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sampler_history_s", ev.OTELGPU_SAMPLER_HISTORY_S, None,
             _float_range(1.0, 86_400.0, lo_open=False, hi_open=False),
             "a number in [1, 86400] (seconds)", "Depth of the sampler's ring buffers."),
+    Setting("gpu_startup_wait_ms", ev.OTELGPU_GPU_STARTUP_WAIT_MS, None, _int_range(0, 60_000),
+            "an integer in [0, 60000] (milliseconds)",
+            "How long instrument() waits for GPU discovery (done off the caller's thread); "
+            "later, GPU metrics appear when it finishes."),
     Setting("sketch_relative_accuracy", ev.OTELGPU_SKETCH_RELATIVE_ACCURACY, None,
             _float_range(0.0, 0.5, lo_open=True, hi_open=True), "a number in (0, 0.5)",
             "Relative accuracy of the quantile sketches."),

@@ -107,6 +107,10 @@ OTELGPU_SAMPLE_INTERVAL_MS = "OTELGPU_SAMPLE_INTERVAL_MS"
 OTELGPU_SAMPLER_HISTORY_S = "OTELGPU_SAMPLER_HISTORY_S"
 """How far back the sampler's ring buffers reach, seconds (default 600)."""
 
+OTELGPU_GPU_STARTUP_WAIT_MS = "OTELGPU_GPU_STARTUP_WAIT_MS"
+"""How long ``instrument()`` waits for GPU discovery, milliseconds (default 500); discovery
+runs off the caller's thread and GPU metrics appear when it finishes."""
+
 OTELGPU_SKETCH_RELATIVE_ACCURACY = "OTELGPU_SKETCH_RELATIVE_ACCURACY"
 """Relative accuracy of the quantile sketches, in (0, 0.5) (default 0.01)."""
 

@@ -48,6 +48,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         ("otelgpu_sim_gpu_count", i, []),
         ("otelgpu_sim_refcount", i, []),
         ("otelgpu_sim_calls", ull, []),
+        ("otelgpu_sim_features", cp, []),
     ]:
         fn = getattr(lib, name)
         fn.restype = res

@@ -21,6 +21,7 @@ thread-safe on its own.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import threading
@@ -31,7 +32,15 @@ from typing import Any
 
 from otelgpu.errors import ConfigurationError
 from otelgpu.sim import _library
-from otelgpu.sim.scenario import Event, Scenario, _Checker, _event_params, _gpu_ref, load_scenario
+from otelgpu.sim._scenario_check import _Checker, _event_params, _gpu_ref
+from otelgpu.sim._scenario_keys import _EVENT_KEYS
+from otelgpu.sim.scenario import (
+    Event,
+    Scenario,
+    ScenarioError,
+    list_scenarios,
+    load_scenario,
+)
 
 #: Environment variables of the simulator.
 ENV_SIM = "OTELGPU_SIM"  # scenario name or path: otelgpu uses the simulator
@@ -43,6 +52,8 @@ CLOCKS = ("virtual", "wall")
 
 _lock = threading.RLock()
 _active: SimGpu | None = None
+_warned = False
+_logger = logging.getLogger("otelgpu.sim")
 
 
 class SimGpu:
@@ -147,8 +158,6 @@ def _event_kinds() -> tuple[str, ...]:
 
 
 def _event_keys(kind: str) -> tuple[str, ...]:
-    from otelgpu.sim.scenario import _EVENT_KEYS
-
     return _EVENT_KEYS[kind]
 
 
@@ -166,6 +175,42 @@ def _foreign_nvml() -> str | None:
             if os.path.realpath(path) != ours:
                 return path
     return None
+
+
+#: Frameworks that take "NVML lists GPUs" for "a CUDA driver is here" (vLLM's platform
+#: detection counts GPUs through NVML, then loads libcuda.so.1), and the setting that
+#: makes them use the CPU. Applied only where no CUDA driver exists, never overriding
+#: the user's own value: simulated GPUs have no CUDA behind them.
+FRAMEWORK_CPU_SETTINGS = {"VLLM_TARGET_DEVICE": "cpu"}
+
+
+def cuda_driver_present() -> bool:
+    """True when a CUDA driver library (``libcuda.so.1``) can be found on this machine."""
+    import ctypes.util
+
+    try:
+        return ctypes.util.find_library("cuda") is not None
+    except Exception:  # noqa: BLE001 - no ldconfig, odd platform: assume a driver
+        return True
+
+
+def framework_guard(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """Make CUDA frameworks in a simulated process use the CPU when there is no CUDA driver.
+
+    Applied by the launchers (``OTELGPU_SIM``: ``otelgpu run``, ``opentelemetry-instrument``,
+    plain ``python``; ``otelgpu sim run`` through :func:`env_for`), which activate the
+    simulator before the program imports its framework; a program calling :func:`activate`
+    itself decides on its own.
+
+    Sets :data:`FRAMEWORK_CPU_SETTINGS` in ``env`` where they are unset; returns what it set.
+    NVML clients (pynvml, nvitop, gpustat, otelgpu's sampler) still see the simulated GPUs.
+    """
+    if cuda_driver_present():
+        return {}
+    added = {k: v for k, v in FRAMEWORK_CPU_SETTINGS.items() if not env.get(k, "").strip()}
+    for key, value in added.items():
+        env[key] = value
+    return added
 
 
 def _check_clock(clock: str) -> None:
@@ -258,6 +303,7 @@ def env_for(
     env[ENV_NVML_LIBRARY] = _library.library_path()
     env[ENV_SIM] = str(scenario) if isinstance(scenario, (str, Path)) else sc.name
     env[ENV_CLOCK] = clock
+    framework_guard(env)
     return env
 
 
@@ -278,7 +324,8 @@ def activate_from_env() -> SimGpu | None:
         if _active is not None:
             return _active
         clock = os.environ.get(ENV_CLOCK, "wall").strip() or "wall"
-        _check_clock(clock)
+        if clock not in CLOCKS:
+            raise ConfigurationError(ENV_CLOCK, clock, "'virtual' or 'wall'")
         config = os.environ.get(ENV_CONFIG, "").strip()
         if config:
             sc = load_scenario(name)
@@ -287,9 +334,69 @@ def activate_from_env() -> SimGpu | None:
             if not lib.otelgpu_sim_gpu_count():
                 text = Path(config).read_text(encoding="utf-8")
                 _library.check(lib.otelgpu_sim_configure(text.encode()), lib, f"scenario {config}")
+            framework_guard(os.environ)
             _active = SimGpu(sc, clock)
             return _active
-    return activate(name, clock=clock)
+    sim = activate(name, clock=clock)
+    framework_guard(os.environ)
+    return sim
+
+
+def _warn_once(sim: SimGpu) -> None:
+    """One loud line per process: the simulator replaces NVML for every client in it."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    sc = sim.scenario
+    _logger.warning(
+        "otelgpu: SIMULATED GPUs -- %s=%s replaces libnvidia-ml.so.1 for this whole process: "
+        "every NVML client (pynvml, torch, this sampler) sees %d simulated %s GPU(s) of "
+        "scenario %r, clock %s; all telemetry is marked otelgpu.sim=true. Unset %s on a "
+        "real GPU node.",
+        ENV_SIM,
+        os.environ.get(ENV_SIM, sc.name),
+        sc.gpu_count,
+        _model_name(sc),
+        sc.name,
+        sim.clock,
+        ENV_SIM,
+    )
+
+
+def _model_name(sc: Scenario) -> str:
+    names = {str(d.get("name", "?")) for d in sc.devices}
+    return ", ".join(sorted(names)) if names else "?"
+
+
+def activate_from_settings() -> SimGpu | None:
+    """``OTELGPU_SIM`` for ``instrument()``: :func:`activate_from_env`, failing fast on a
+    scenario that does not exist or does not validate, and announcing the simulator once.
+
+    Raises:
+        ConfigurationError: names ``OTELGPU_SIM`` (or ``OTELGPU_SIM_CLOCK``) and the
+            accepted values (the built-in scenarios).
+    """
+    try:
+        sim = activate_from_env()
+    except ScenarioError as exc:
+        name = os.environ.get(ENV_SIM, "").strip()
+        available = ", ".join(list_scenarios())
+        if exc.setting.endswith(": name") or exc.setting.endswith(": file"):
+            raise ConfigurationError(
+                ENV_SIM, name, f"a built-in scenario ({available}) or a path to a .toml file"
+            ) from None
+        raise ConfigurationError(
+            ENV_SIM, name, f"a valid scenario ({exc}); built-in ones: {available}"
+        ) from None
+    except ConfigurationError:
+        raise  # OTELGPU_SIM_CLOCK
+    except Exception as exc:  # noqa: BLE001 - e.g. a real NVML already loaded: run without it
+        _logger.warning("otelgpu: could not activate the simulated GPU: %s", exc)
+        return None
+    if sim is not None:
+        _warn_once(sim)
+    return sim
 
 
 def resource_attributes() -> dict[str, Any]:

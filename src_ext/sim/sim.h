@@ -161,7 +161,7 @@ typedef struct {
 } sim_gpu_config;
 
 enum event_kind {
-    EV_XID = 1,      /* a: xid code */
+    EV_XID = 1,      /* a: xid code, b: XID48_* flags */
     EV_LOST = 2,     /* gpu falls off the bus (delivers xid 79) */
     EV_ECC = 3,      /* a: corrected, b: uncorrected, spread over duration */
     EV_THROTTLE = 4, /* a: reason mask, b: clock factor, c: power cap W (0 = none) */
@@ -225,6 +225,7 @@ typedef struct {
     /* indices into events[] by kind, so per-step scans skip unrelated events */
     int n_throttle, n_lost, n_slow;
     int idx_throttle[SIM_MAX_EVENTS], idx_lost[SIM_MAX_EVENTS], idx_slow[SIM_MAX_EVENTS];
+    long long thermal_lost_ns[SIM_MAX_GPUS]; /* when the GPU reached shutdown_c; -1 = never */
     unsigned long long generation; /* bumped on each configure */
     unsigned long long calls;      /* NVML calls served (diagnostics) */
     char last_error[512];
@@ -257,6 +258,12 @@ long long sim_latency_us(int gpu, long long t_ns);
 int sim_proc_alive(const sim_proc *p, long long t_ns);
 void sim_reset_integration(void);
 void sim_index_events(void);
+
+/* Xid 48 (double-bit ECC) comes with what a real Ampere+/Hopper board raises alongside
+ * it; EV_XID b holds these flags. */
+#define XID48_UNCONTAINED 1 /* Xid 95 (uncontained: GPU reset needed) instead of 94 */
+#define XID48_ALONE 2       /* no companions: just the Xid 48 event */
+int sim_add_companions(sim_state *st, int i);
 
 /* sim_events.c */
 void sim_events_reset(void);

@@ -349,5 +349,11 @@ int sim_parse_config(const char *text, sim_state *st, char *err, size_t errlen) 
         snprintf(err, errlen, "empty configuration");
         return -1;
     }
+    int scripted = st->nevents;
+    for (int i = 0; i < scripted; i++)
+        if (sim_add_companions(st, i)) {
+            snprintf(err, errlen, "more than %d events with the Xid 48 companions", SIM_MAX_EVENTS);
+            return -1;
+        }
     return 0;
 }

@@ -3,7 +3,8 @@
  * otelgpu.sim through ctypes. All are thread-safe.
  *
  *   int  otelgpu_sim_configure(const char *text)    normalized scenario; resets all state
- *   int  otelgpu_sim_unconfigure(void)              back to "no scenario", refcount 0
+ *   int  otelgpu_sim_unconfigure(void)              back to "no scenario"; the nvmlInit
+ *                                                   refcount is kept (see below)
  *   const char *otelgpu_sim_last_error(void)        message of the last failed call
  *   long long otelgpu_sim_now_ns(void)              scenario time (ns since start)
  *   long long otelgpu_sim_epoch_ns(void)            wall time (ns since 1970) of t = 0
@@ -14,6 +15,7 @@
  *   int  otelgpu_sim_is_virtual(void), otelgpu_sim_gpu_count(void)
  *   unsigned long long otelgpu_sim_calls(void)      NVML calls served so far
  *   int  otelgpu_sim_refcount(void)
+ *   const char *otelgpu_sim_features(void)          "name=bit,..." of the FEAT_* bits
  * Return 0 on success, -1 with otelgpu_sim_last_error() set otherwise.
  */
 #include <stdio.h>
@@ -39,10 +41,13 @@ SIM_EXPORT int otelgpu_sim_configure(const char *text) {
     return 0;
 }
 
+/* The nvmlInit refcount survives unloading a scenario, as it survives everything in the
+ * real library: only nvmlShutdown lowers it. Zeroing it here let a client that still held
+ * an init (a sampler collected later) cancel the init of the next client with its late
+ * nvmlShutdown -- that client then read UNINITIALIZED and saw no fault. */
 SIM_EXPORT int otelgpu_sim_unconfigure(void) {
     sim_lock();
     g_sim.configured = 0;
-    g_sim.refcount = 0;
     g_sim.gpu_count = 0;
     g_sim.nevents = 0;
     g_sim.nprocs = 0;
@@ -151,8 +156,38 @@ SIM_EXPORT int otelgpu_sim_inject(const char *line) {
         return fail("event table full");
     }
     g_sim.events[g_sim.nevents++] = ev;
+    if (sim_add_companions(&g_sim, g_sim.nevents - 1)) {
+        g_sim.nevents--;
+        sim_index_events();
+        sim_unlock();
+        return fail("event table full");
+    }
     sim_index_events();
     sim_events_notify();
     sim_unlock();
     return 0;
+}
+
+/* The feature bits (FEAT_*) by their scenario names, "name=bit,..." -- so the Python
+ * side's FEATURES table is checked against this one, module to module, not copied. */
+SIM_EXPORT const char *otelgpu_sim_features(void) {
+    static char text[512];
+    static const struct { const char *name; unsigned int bit; } table[] = {
+        {"ecc", FEAT_ECC}, {"fan", FEAT_FAN}, {"power", FEAT_POWER}, {"energy", FEAT_ENERGY},
+        {"temperature", FEAT_TEMPERATURE}, {"nvlink", FEAT_NVLINK},
+        {"remapped_rows", FEAT_REMAPPED_ROWS}, {"pcie", FEAT_PCIE},
+        {"processes", FEAT_PROCESSES}, {"utilization", FEAT_UTILIZATION},
+        {"clock_reasons", FEAT_CLOCK_REASONS}, {"memory_v2", FEAT_MEMORY_V2},
+        {"clocks", FEAT_CLOCKS}, {"pstate", FEAT_PSTATE}, {"events", FEAT_EVENTS},
+        {"samples", FEAT_SAMPLES}, {"retired_pages", FEAT_RETIRED_PAGES}, {"gpm", FEAT_GPM},
+    };
+    sim_lock();
+    if (!text[0]) {
+        size_t off = 0;
+        for (size_t i = 0; i < sizeof(table) / sizeof(table[0]) && off < sizeof(text); i++)
+            off += (size_t)snprintf(text + off, sizeof(text) - off, "%s%s=%u", i ? "," : "",
+                                    table[i].name, table[i].bit);
+    }
+    sim_unlock();
+    return text;
 }

@@ -4,16 +4,19 @@
  * Gauges are pure functions of scenario time t (ns since scenario start):
  *   util(t)      = clamp(util pattern, 0, 100)
  *   mem_util(t)  = mem_util pattern if given, else util(t) / 2
- *   power(t)     = power pattern if given, else idle + (max - idle) * util(t) / 100,
- *                  then capped at the enforced limit (and at any throttle window's cap);
- *                  a capped value sets the SwPowerCap reason
- *   sm clock(t)  = util(t) > 0 ? sm_clock_max * factor(t) : sm_clock_idle, where factor is
- *                  the smallest clock factor of the active throttle windows (and the
- *                  thermal factor while temperature >= slowdown)
+ *   power(t)     = demand = power pattern if given, else idle + (max - idle) * util(t) / 100;
+ *                  clocks and power move together (operating_point): the clock factor f
+ *                  of the active throttle windows (and the thermal factor while
+ *                  temperature >= slowdown) scales the dynamic power, idle + (demand -
+ *                  idle) * f; a cap (the enforced limit, or a window's cap) below that
+ *                  lowers f until the power fits and sets SwPowerCap
+ *   sm clock(t)  = util(t) > 0 ? max(sm_clock_max * f, sm_clock_idle) : sm_clock_idle
  *   mem used(t)  = sum of the alive processes' memory + mem_used pattern (bytes)
  * Cumulative values (energy, per-reason throttle ns, PCIe/NVLink bytes) and the
  * temperature (first-order lag towards ambient + power * c_per_w with time constant
- * tau, starting from the idle temperature ambient + idle_power * c_per_w) are integrated on a fixed 10 ms grid with the midpoint rule, which is exact for
+ * tau, starting from the idle temperature ambient + idle_power * c_per_w; it never exceeds
+ * the shutdown temperature: reaching it powers the board off and loses the GPU) are
+ * integrated on a fixed 10 ms grid with the midpoint rule, which is exact for
  * piecewise-constant and piecewise-linear inputs whose breakpoints lie on the grid.
  *
  * Patterns (t_s = seconds since scenario start):
@@ -94,35 +97,42 @@ double sim_util_mem(int gpu, long long t) {
     return clampd(sim_pattern_eval(&g->mem_util, (double)t / 1e9), 0.0, 100.0);
 }
 
-/* Raw (uncapped) power demand and the cap in force at t. */
-static void power_demand(int gpu, long long t, double *demand, double *cap) {
+/* Raw power demand at full clocks (the load's need). */
+static double power_demand(int gpu, long long t) {
     const sim_gpu_config *g = &g_sim.gpu[gpu];
+    double d;
     if (g->power.kind != PAT_NONE)
-        *demand = sim_pattern_eval(&g->power, (double)t / 1e9);
+        d = sim_pattern_eval(&g->power, (double)t / 1e9);
     else
-        *demand = g->idle_power_w + (g->max_power_w - g->idle_power_w) * sim_util_gpu(gpu, t) / 100.0;
-    if (*demand < 0) *demand = 0;
-    double c = g->power_limit_mw / 1000.0;
+        d = g->idle_power_w + (g->max_power_w - g->idle_power_w) * sim_util_gpu(gpu, t) / 100.0;
+    return d < 0 ? 0 : d;
+}
+
+/* The power cap in force at t: the enforced limit, lowered by any throttle window's cap. */
+static double power_cap(int gpu, long long t) {
+    double c = g_sim.gpu[gpu].power_limit_mw / 1000.0;
     for (int k = 0; k < g_sim.n_throttle; k++) {
         const sim_event *e = &g_sim.events[g_sim.idx_throttle[k]];
         if (e->c > 0 && event_active(e, gpu, t) && e->c < c) c = e->c;
     }
-    *cap = c;
+    return c;
 }
 
-double sim_power_w(int gpu, long long t) {
-    double demand, cap;
-    power_demand(gpu, t, &demand, &cap);
-    return demand > cap ? cap : demand;
-}
-
-static unsigned long long reasons_at(int gpu, long long t, double temp_c, double *factor) {
+/*
+ * The operating point at t with the board at temperature temp_c: reasons, clock factor
+ * and power, which move together as on a real board:
+ *   - throttle windows and thermal slowdown lower the clocks (factor f), and the dynamic
+ *     power (above idle) falls with them: p = idle + (demand - idle) * f;
+ *   - a power cap below that lowers the clocks until the power fits:
+ *     f *= (cap - idle) / (p - idle), p = cap (SwPowerCap);
+ *   - a board that reached its shutdown temperature is off (lost): no power.
+ */
+static unsigned long long operating_point(int gpu, long long t, double temp_c, double *factor,
+                                          double *power) {
     const sim_gpu_config *g = &g_sim.gpu[gpu];
     unsigned long long r = 0;
-    double f = 1.0, demand, cap;
+    double f = 1.0;
     if (sim_util_gpu(gpu, t) <= 0.0) r |= REASON_GPU_IDLE;
-    power_demand(gpu, t, &demand, &cap);
-    if (demand > cap) r |= REASON_SW_POWER_CAP;
     for (int k = 0; k < g_sim.n_throttle; k++) {
         const sim_event *e = &g_sim.events[g_sim.idx_throttle[k]];
         if (!event_active(e, gpu, t)) continue;
@@ -133,25 +143,42 @@ static unsigned long long reasons_at(int gpu, long long t, double temp_c, double
         r |= REASON_SW_THERMAL;
         if (g->thermal_clock_factor < f) f = g->thermal_clock_factor;
     }
+    double demand = power_demand(gpu, t), idle = g->idle_power_w;
+    double p = demand > idle ? idle + (demand - idle) * f : demand;
+    double cap = power_cap(gpu, t);
+    if (p > cap) {
+        r |= REASON_SW_POWER_CAP;
+        f *= (p > idle && cap > idle) ? (cap - idle) / (p - idle) : 0.0;
+        p = cap;
+    }
+    if (g_sim.thermal_lost_ns[gpu] >= 0 && t >= g_sim.thermal_lost_ns[gpu]) p = 0.0;
     if (r & (REASON_HW_THERMAL | REASON_HW_POWER_BRAKE)) r |= REASON_HW_SLOWDOWN;
     if (factor) *factor = f;
+    if (power) *power = p;
     return r & REASON_SUPPORTED;
 }
 
+double sim_power_w(int gpu, long long t) {
+    double p;
+    operating_point(gpu, t, g_sim.integ[gpu].temp_c, NULL, &p);
+    return p;
+}
+
 unsigned long long sim_reasons(int gpu, long long t) {
-    return reasons_at(gpu, t, g_sim.integ[gpu].temp_c, NULL);
+    return operating_point(gpu, t, g_sim.integ[gpu].temp_c, NULL, NULL);
 }
 
 double sim_clock_factor(int gpu, long long t) {
     double f;
-    reasons_at(gpu, t, g_sim.integ[gpu].temp_c, &f);
+    operating_point(gpu, t, g_sim.integ[gpu].temp_c, &f, NULL);
     return f;
 }
 
 unsigned int sim_sm_clock(int gpu, long long t) {
     const sim_gpu_config *g = &g_sim.gpu[gpu];
     if (sim_util_gpu(gpu, t) <= 0.0) return g->sm_clock_idle;
-    return (unsigned int)lround(g->sm_clock_max * sim_clock_factor(gpu, t));
+    unsigned int mhz = (unsigned int)lround(g->sm_clock_max * sim_clock_factor(gpu, t));
+    return mhz > g->sm_clock_idle ? mhz : g->sm_clock_idle; /* clocks never go below idle */
 }
 
 int sim_proc_alive(const sim_proc *p, long long t) {
@@ -177,8 +204,25 @@ static void integ_reset(int gpu) {
     s->temp_c = g->ambient_c + g->idle_power_w * g->thermal_c_per_w;
 }
 
+/* After a new scenario: fresh counters, and no board has shut down yet. */
 void sim_reset_integration(void) {
+    for (int i = 0; i < SIM_MAX_GPUS; i++) g_sim.thermal_lost_ns[i] = -1;
     for (int i = 0; i < g_sim.gpu_count; i++) integ_reset(i);
+}
+
+/* The board reached its shutdown temperature at t: it powers off and falls off the bus
+ * (GPU_IS_LOST from then on, Xid 79 delivered), like a real thermal shutdown, which only
+ * a reboot undoes -- the loss stays even if the virtual clock is set back. */
+static void thermal_shutdown(int gpu, long long t) {
+    g_sim.thermal_lost_ns[gpu] = t;
+    if (g_sim.nevents >= SIM_MAX_EVENTS) return;
+    sim_event *e = &g_sim.events[g_sim.nevents++];
+    memset(e, 0, sizeof(*e));
+    e->gpu = gpu;
+    e->kind = EV_LOST;
+    e->start_ns = t;
+    sim_index_events();
+    sim_events_notify();
 }
 
 void sim_integrate(int gpu, long long t) {
@@ -195,8 +239,8 @@ void sim_integrate(int gpu, long long t) {
         if (b > t) b = t;
         long long m = a + (b - a) / 2;
         double dt = (double)(b - a) / 1e9;
-        double p = sim_power_w(gpu, m), u = sim_util_gpu(gpu, m) / 100.0;
-        unsigned long long r = reasons_at(gpu, m, s->temp_c, NULL);
+        double p, u = sim_util_gpu(gpu, m) / 100.0;
+        unsigned long long r = operating_point(gpu, m, s->temp_c, NULL, &p);
         s->energy_mj += p * dt * 1000.0;
         for (int bit = 0; bit < 10; bit++)
             if (r & (1ULL << bit)) s->throttle_ns[bit] += (double)(b - a);
@@ -207,6 +251,9 @@ void sim_integrate(int gpu, long long t) {
         double target = g->ambient_c + p * g->thermal_c_per_w;
         double tau = g->thermal_tau_s > 0 ? g->thermal_tau_s : 1e-9;
         s->temp_c += (target - s->temp_c) * (1.0 - exp(-dt / tau));
+        if (g->shutdown_c > 0 && s->temp_c >= g->shutdown_c && g_sim.thermal_lost_ns[gpu] < 0)
+            thermal_shutdown(gpu, b);
+        if (g->shutdown_c > 0 && s->temp_c > g->shutdown_c) s->temp_c = g->shutdown_c;
         s->t_ns = b;
     }
 }
@@ -224,6 +271,7 @@ void sim_index_events(void) {
 }
 
 int sim_is_lost(int gpu, long long t) {
+    if (g_sim.thermal_lost_ns[gpu] >= 0 && t >= g_sim.thermal_lost_ns[gpu]) return 1;
     for (int k = 0; k < g_sim.n_lost; k++) {
         const sim_event *e = &g_sim.events[g_sim.idx_lost[k]];
         if ((e->gpu == gpu || e->gpu == -1) && t >= e->start_ns) return 1;
@@ -273,4 +321,38 @@ long long sim_latency_us(int gpu, long long t) {
         if (e->gpu == -1 || e->gpu == gpu) us += (long long)e->a;
     }
     return us;
+}
+
+/*
+ * Companions of scripted event i in st (call once per event, as it is added): an Xid 48
+ * (uncorrectable, double-bit ECC error) on an Ampere or newer board arrives with
+ *   - one uncorrectable ECC error (counters, DoubleBitEcc event);
+ *   - on boards with row remapping: an uncorrectable row remap, pending until the next
+ *     reset, announced as Xid 63;
+ *   - Xid 94 (contained: the affected processes were stopped, the GPU goes on) or, with
+ *     XID48_UNCONTAINED, Xid 95 (uncontained: the GPU needs a reset).
+ * Older boards (dynamic page retirement) get only the ECC error. Returns -1 when the event
+ * table is full.
+ */
+int sim_add_companions(sim_state *st, int i) {
+    sim_event base = st->events[i];
+    if (base.kind != EV_XID || (long long)base.a != 48 || ((int)base.b & XID48_ALONE)) return 0;
+    const sim_gpu_config *g = &st->gpu[base.gpu < 0 ? 0 : base.gpu];
+    int ampere = g->arch >= 7, remap = ampere && !(g->unsupported & FEAT_REMAPPED_ROWS);
+    sim_event add[4];
+    int n = 0;
+    memset(add, 0, sizeof(add));
+    add[n].kind = EV_ECC, add[n].b = 1, n++;
+    if (remap) {
+        add[n].kind = EV_REMAP, add[n].b = 1, add[n].c = 1, n++;
+        add[n].kind = EV_XID, add[n].a = 63, add[n].b = XID48_ALONE, n++;
+    }
+    if (ampere) add[n].kind = EV_XID, add[n].a = ((int)base.b & XID48_UNCONTAINED) ? 95 : 94, n++;
+    if (st->nevents + n > SIM_MAX_EVENTS) return -1;
+    for (int k = 0; k < n; k++) {
+        add[k].gpu = base.gpu;
+        add[k].start_ns = base.start_ns;
+        st->events[st->nevents++] = add[k];
+    }
+    return 0;
 }

@@ -66,7 +66,8 @@ void sim_sleep_us(long long us) {
 /* ---- configuration ------------------------------------------------------- */
 
 /* Replace the scenario (under the lock). Keeps the lock, the condition variable and
- * the init refcount; resets clocks, counters and event sets. */
+ * the init refcount (clients of the previous scenario still hold their inits); resets
+ * clocks, counters and event sets. */
 int sim_apply_config(const char *text, char *err, size_t errlen) {
     sim_state *tmp = calloc(1, sizeof(*tmp));
     if (!tmp) {
@@ -87,7 +88,9 @@ int sim_apply_config(const char *text, char *err, size_t errlen) {
     unsigned long long gen = g_sim.generation, calls = g_sim.calls;
     size_t off = offsetof(sim_state, configured);
     memcpy((char *)&g_sim + off, (char *)tmp + off, sizeof(sim_state) - off);
-    g_sim.refcount = refcount;
+    /* Only nvmlInit/nvmlShutdown move the refcount, as in the real library -- except that a
+     * scenario whose driver fails to initialise is a machine where no init can be held. */
+    g_sim.refcount = g_sim.init_error ? 0 : refcount;
     g_sim.generation = gen + 1;
     g_sim.calls = calls;
     g_sim.configured = 1;

@@ -128,7 +128,7 @@ def test_ecc_storm_counters_and_events(sim_scenario: Activate, init: Any) -> Non
     init()
     sc = gpu.scenario
     storm = next(e for e in sc.raw["event"] if e["kind"] == "ecc" and e.get("corrected"))
-    dbe = next(e for e in sc.raw["event"] if e["kind"] == "ecc" and e.get("uncorrected"))
+    dbe = next(e for e in sc.raw["event"] if e["kind"] == "xid" and e["code"] == 48)
     g = storm["gpu"]
     h = n.nvmlDeviceGetHandleByIndex(g)
     other = n.nvmlDeviceGetHandleByIndex((g + 1) % sc.gpu_count)
@@ -165,17 +165,19 @@ def test_ecc_storm_counters_and_events(sim_scenario: Activate, init: Any) -> Non
             n.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
         ],
     )
-    assert [v.value.ullVal for v in values] == [
-        storm["corrected"],
-        dbe["uncorrected"],
-        dbe["uncorrected"],
-    ]
+    # Xid 48 brings one uncorrectable error, a pending uncorrectable row remap (Xid 63)
+    # and Xid 94 (contained), as on a real H100.
+    assert [v.value.ullVal for v in values] == [storm["corrected"], 1, 1]
     assert n.nvmlDeviceGetRemappedRows(h) == (0, 1, 1, 0)  # uncorrectable row, remap pending
-    events = sorted(
-        (e.eventType, e.eventData)
-        for e in (n.nvmlEventSetWait_v2(es, 0), n.nvmlEventSetWait_v2(es, 0))
-    )
-    assert events == [(n.nvmlEventTypeDoubleBitEccError, 0), (n.nvmlEventTypeXidCriticalError, 48)]
+    events = [(e.eventType, e.eventData) for e in (n.nvmlEventSetWait_v2(es, 0) for _ in range(4))]
+    assert events == [
+        (n.nvmlEventTypeXidCriticalError, 48),
+        (n.nvmlEventTypeDoubleBitEccError, 0),
+        (n.nvmlEventTypeXidCriticalError, 63),
+        (n.nvmlEventTypeXidCriticalError, 94),
+    ]
+    with pytest.raises(n.NVMLError_Timeout):
+        n.nvmlEventSetWait_v2(es, 0)
     n.nvmlEventSetFree(es)
 
 
@@ -250,9 +252,19 @@ def test_thermal_slowdown_when_temperature_crosses_threshold(
     assert n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM) == round(
         model["sm_clock_mhz"] * model["thermal_clock_factor"]
     )
-    gpu.set_time(crossing + 100)
+    # Clocks and power drop together: the dynamic power scales with the clock factor.
+    throttled_w = (
+        model["idle_power_w"] + (power - model["idle_power_w"]) * model["thermal_clock_factor"]
+    )
+    assert n.nvmlDeviceGetPowerUsage(h) == round(throttled_w * 1000)
+    # So the temperature holds at the slowdown limit instead of climbing to the target.
+    temps = []
+    for k in range(1, 101):
+        gpu.set_time(crossing + k)
+        temps.append(n.nvmlDeviceGetTemperature(h, 0))
+    assert slowdown - 2 <= min(temps) and max(temps) <= slowdown + 1 < target
     (v,) = n.nvmlDeviceGetFieldValues(h, [n.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN])
-    assert v.value.ullVal / 1e9 == pytest.approx(100, abs=0.02)  # 10 ms integration grid
+    assert 10 < v.value.ullVal / 1e9 < 100  # throttling comes and goes around the limit
     # the cool GPUs never throttle
     assert n.nvmlDeviceGetCurrentClocksEventReasons(n.nvmlDeviceGetHandleByIndex(0)) == 0
 

@@ -1,0 +1,176 @@
+"""GPU start-up never holds the caller: discovery, inventory and the sampler's NVML
+session run off ``instrument()``'s thread, bounded by ``gpu_startup_wait_ms``.
+
+* a degraded driver (50 ms per NVML call, 8 GPUs: about 10 s of calls) must not block
+  ``instrument()`` beyond the bound; the GPU metrics appear when discovery ends;
+* a GPU already lost at start keeps the others' resource attributes and raises a
+  health signal of its own;
+* ``OTELGPU_SIM`` announces itself once, loudly; an unknown scenario fails fast naming
+  the setting and the built-in scenarios; a clock typo names ``OTELGPU_SIM_CLOCK``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import otelgpu
+from otelgpu import sim
+from otelgpu.errors import ConfigurationError
+
+pytestmark = pytest.mark.usefixtures("reset_otel_globals")
+
+
+def _scenario(count: int, **driver: Any) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "name": f"startup-{count}",
+        "driver": driver,
+        "gpus": {"count": count, "model": "H100-SXM", "utilization": 50},
+    }
+
+
+@pytest.fixture
+def unload_sim() -> Iterator[None]:
+    yield
+    sim.deactivate()
+
+
+def _metric_names(reader: InMemoryMetricReader) -> set[str]:
+    data = reader.get_metrics_data()
+    if data is None:
+        return set()
+    return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+
+
+@pytest.mark.usefixtures("unload_sim")
+def test_pipeline_slow_driver_does_not_block_instrument() -> None:
+    gpu = sim.activate(_scenario(8), clock="wall")
+    # 50 ms per device call for 3 s: all of discovery (~200 calls, ~10 s) would be slow;
+    # the driver recovers after 3 s so the test need not wait for 10 s of calls.
+    gpu.inject("slow", gpu="all", latency_ms=50, duration_s=3.0)
+    reader = InMemoryMetricReader()
+    begin = time.monotonic()
+    handle = otelgpu.instrument(
+        exporters="none",
+        frameworks="none",
+        gpu_startup_wait_ms=200,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    took = time.monotonic() - begin
+    try:
+        # 200 ms of waiting plus the pipeline's own set-up.
+        assert took < 1.5, f"instrument() blocked {took:.2f} s on a 50 ms/call driver"
+        runtime = handle.runtime
+        assert runtime is not None and runtime.sampler is not None
+        assert runtime.sampler.devices == ()  # still discovering: no devices yet
+        assert "hw.gpu.utilization" not in _metric_names(reader)
+        with otelgpu.step(samples=1):  # the host works meanwhile
+            pass
+        # ... and the GPU metrics appear once discovery ends.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(runtime.sampler.devices) < 8:
+            time.sleep(0.1)
+        assert len(runtime.sampler.devices) == 8
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "hw.gpu.utilization" not in _metric_names(reader):
+            time.sleep(0.2)
+        assert "hw.gpu.utilization" in _metric_names(reader)
+    finally:
+        handle.shutdown()
+    assert not handle.runtime.sampler.running
+
+
+@pytest.mark.usefixtures("unload_sim")
+def test_pipeline_shutdown_during_discovery_releases_nvml() -> None:
+    gpu = sim.activate(_scenario(8, latency_ms=5), clock="wall")
+    held = gpu.nvml_refcount()
+    handle = otelgpu.instrument(exporters="none", frameworks="none", gpu_startup_wait_ms=0)
+    handle.shutdown()  # discovery still running: waits (bounded), then releases NVML
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and gpu.nvml_refcount() != held:
+        time.sleep(0.05)
+    assert gpu.nvml_refcount() == held
+    runtime = handle.runtime
+    assert runtime is not None and not runtime.sampler.running
+
+
+def _lost_at_start() -> dict[str, Any]:
+    scenario = _scenario(3)
+    scenario["event"] = [{"at_s": 0, "kind": "gpu_lost", "gpu": 1}]
+    return scenario
+
+
+@pytest.mark.usefixtures("unload_sim")
+def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim.activate(_lost_at_start(), clock="virtual")
+    caplog.set_level(logging.WARNING)
+    handle = otelgpu.instrument(exporters="none", frameworks="none", gpu_startup_wait_ms=10_000)
+    try:
+        runtime = handle.runtime
+        assert runtime is not None and runtime.pipeline is not None
+        attrs = runtime.pipeline.tracer_provider.resource.attributes
+        assert attrs["otelgpu.gpu.count"] == 2
+        assert len(attrs["otelgpu.gpu.uuids"]) == 2
+        assert attrs["otelgpu.gpu.names"] == ("NVIDIA H100 80GB HBM3",) * 2
+        assert attrs["otelgpu.gpu.driver_version"]
+        sampler = runtime.sampler
+        assert len(sampler.devices) == 2
+        assert sampler.lost("nvml-index-1")
+        counts = runtime.health_counts()
+        assert counts.get(("device_lost", "nvml-index-1")) == 1, counts
+        events = runtime.gpu_events(0, 2**62)
+        assert [(e.kind, e.uuid, e.code) for e in events] == [
+            ("device_lost", "nvml-index-1", 15)  # NVML_ERROR_GPU_IS_LOST
+        ]
+        assert any("NVML index 1 is lost" in r.getMessage() for r in caplog.records)
+    finally:
+        handle.shutdown()
+
+
+def test_pipeline_sim_unknown_scenario_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTELGPU_SIM", "no-such-scenario")
+    with pytest.raises(ConfigurationError) as err:
+        otelgpu.instrument(exporters="none", frameworks="none")
+    message = str(err.value)
+    assert err.value.setting == "OTELGPU_SIM"
+    assert "no-such-scenario" in message
+    for name in sim.list_scenarios():
+        assert name in message
+
+
+def test_pipeline_sim_bad_clock_names_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTELGPU_SIM", "healthy-8xh100")
+    monkeypatch.setenv("OTELGPU_SIM_CLOCK", "sundial")
+    with pytest.raises(ConfigurationError) as err:
+        otelgpu.instrument(exporters="none", frameworks="none")
+    assert err.value.setting == "OTELGPU_SIM_CLOCK"
+
+
+@pytest.mark.usefixtures("unload_sim")
+def test_pipeline_sim_activation_warns_once_loudly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otelgpu.sim import _runtime as sim_runtime
+
+    monkeypatch.setattr(sim_runtime, "_warned", False)
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cuda")  # the launcher guard leaves it alone
+    monkeypatch.setenv("OTELGPU_SIM", "healthy-8xh100")
+    monkeypatch.setenv("OTELGPU_SIM_CLOCK", "virtual")
+    caplog.set_level(logging.WARNING, logger="otelgpu.sim")
+    for _ in range(2):
+        otelgpu.instrument(exporters="none", frameworks="none").shutdown()
+    lines = [r for r in caplog.records if "SIMULATED GPUs" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].levelno == logging.WARNING
+    text = lines[0].getMessage()
+    assert "OTELGPU_SIM=healthy-8xh100" in text and "whole process" in text
+    assert "8 simulated" in text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -22,8 +21,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tgrpc
 
 HOST = Path(__file__).with_name("host.py")
-#: ``OTELGPU_SOAK=1`` (``make soak``): the long versions (60 s outage, 1,000,000 steps).
-SOAK = os.environ.get("OTELGPU_SOAK") == "1"
 
 
 @dataclass

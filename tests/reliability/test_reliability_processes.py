@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from fixtures.otel import PYTHON, python_env
 from fixtures.otlp_receiver import OtlpReceiver
-from reliability_support import SOAK, otlp_settings
+from fixtures.reliability import SOAK
+from reliability_support import otlp_settings
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.reliability import SOAK
 from fixtures.sim import SMALL_SCENARIO
-from reliability_support import SOAK, HostRun, run_host
+from reliability_support import HostRun, run_host
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 

@@ -79,14 +79,18 @@ def run_host(cfg: dict[str, Any], timeout: float = 120, **env: Any) -> HostRun:
 
 
 def p99_change(run: HostRun, base: HostRun) -> str:
-    return f"p99 {base['p99_ms']:.2f} → {run['p99_ms']:.2f} ms"
+    return f"p99 {base['p99_ms']:.1f} → {run['p99_ms']:.1f} ms (max {run['max_ms']:.0f} ms)"
 
 
 def p99_ok(run: HostRun, base: HostRun) -> bool:
-    """The host's p99 step time stayed within 2x (or +5 ms) of the healthy run's.
+    """The host was never blocked: its p99 step time stayed within 3x (or +20 ms) of the
+    healthy run's, and no step took a second.
 
-    Generous on purpose: the CI machine is shared; a blocked host shows up as seconds."""
-    return run["p99_ms"] <= max(2 * base["p99_ms"], base["p99_ms"] + 5.0)
+    Generous on purpose: machines running CI are shared and a 1 ms step's p99 moves by tens
+    of ms with the load; a host blocked by otelgpu shows up as seconds. (The per-step cost
+    itself is measured in benchmarks/, not here.)"""
+    p99, base_p99 = run["p99_ms"], base["p99_ms"]
+    return p99 <= max(3 * base_p99, base_p99 + 20.0) and run["max_ms"] < 1000.0
 
 
 def closed_port() -> int:

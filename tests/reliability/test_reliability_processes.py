@@ -103,8 +103,11 @@ def test_multiprocessing_children(probe: Any, tmp_path: Path, method: str) -> No
         f"instrumented parent, Pool(2) with the {method} start method; each child runs "
         "instrument() + 50 steps + shutdown()",
     )
-    proc, wall = _run(
-        f"""
+    # spawn/forkserver children import the parent's __main__: it must be a file, not -c
+    script = tmp_path / "pool_main.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
         import multiprocessing as mp, otelgpu
         def work(i):
             otelgpu.instrument(exporters="recording", recording_dir={str(tmp_path)!r},
@@ -121,9 +124,17 @@ def test_multiprocessing_children(probe: Any, tmp_path: Path, method: str) -> No
                 with mp.get_context({method!r}).Pool(2) as pool:
                     assert sorted(pool.map(work, range(4))) == [0, 1, 2, 3]
             otelgpu.shutdown()
-        """,
-        timeout=120,
+        """
+        )
     )
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [PYTHON, str(script)], capture_output=True, text=True, env=python_env(), timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        proc = subprocess.CompletedProcess([], -9, "", "[killed: timeout]")
+    wall = time.monotonic() - t0
     steps = sum(_spans(tmp_path).values())
     p.result(
         _clean(proc) and steps >= 201,
@@ -247,6 +258,9 @@ def test_signal_during_export(probe: Any, tmp_path: Path, signame: str) -> None:
         f"{signame} during export",
         f"host exporting OTLP/gRPC (5 s span batches) gets {signame} after 2 s of steps: "
         "exits within 5 s, and the steps recorded before the signal reach the collector",
+        pending=None
+        if signame == "SIGINT"
+        else "flush on SIGTERM (no issue yet; proposed in the issue 18 closing note)",
     )
     receiver = OtlpReceiver().start()
     settings = otlp_settings(receiver.grpc_endpoint, span_schedule_delay_ms=5000)
@@ -268,6 +282,8 @@ def test_signal_during_export(probe: Any, tmp_path: Path, signame: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=python_env(),
+        # a background pytest may run with SIGINT ignored, which children would inherit
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)

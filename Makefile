@@ -68,7 +68,8 @@ bench: ext
 # the probe rows, then docs/reliability.md from them. `make soak`: the long versions (a 60 s
 # collector outage, 1,000,000 steps and requests). Failed rows do not stop the table from
 # being written; the renderer's exit status says whether an asserted row failed.
-RELIABILITY = $(VPY) -m pytest -q -m reliability tests/reliability -p no:cacheprovider
+RELIABILITY = $(VPY) -m pytest -q -m reliability tests/reliability tests/vllm/test_vllm_privacy.py \
+	-p no:cacheprovider
 reliability soak: ext
 	-$(if $(filter soak,$@),OTELGPU_SOAK=1) OTELGPU_RELIABILITY_OUT=benchmarks/results/reliability-native.json $(RELIABILITY)
 	-$(if $(filter soak,$@),OTELGPU_SOAK=1) OTELGPU_NO_EXTENSIONS=1 OTELGPU_RELIABILITY_OUT=benchmarks/results/reliability-pure.json $(RELIABILITY)

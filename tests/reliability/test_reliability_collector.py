@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import pytest
 from fixtures.otlp_receiver import OtlpReceiver
+from fixtures.reliability import SOAK
 from reliability_support import (
-    SOAK,
     Blackhole,
     FaultyCollector,
     HostRun,

@@ -3,6 +3,7 @@
 #
 #   make demo   - the main job: the demo workload on the simulated GPU (or a real one)
 #   make test   - the whole test suite: lint, types, and pytest twice (native, pure Python)
+#   make reliability / make soak - the reliability probes, then docs/reliability.md
 
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +12,8 @@ PIP    := $(VPY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.otelgpu-deps
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test lint pytest pytest-native pytest-pure ext venv deps bench test-gpu clean backend-deps
+.PHONY: demo test lint pytest pytest-native pytest-pure ext venv deps bench test-gpu clean backend-deps \
+	reliability soak
 
 # setuptools-scm: some test dependencies (gpustat) ship only sdists whose build needs it, and the
 # editable install below runs without build isolation (so those builds use this venv).
@@ -61,6 +63,17 @@ test-gpu: ext
 
 bench: ext
 	$(VPY) benchmarks/run_all.py
+
+# The reliability suite (tests/reliability, also part of `make test`) once per twin, writing
+# the probe rows, then docs/reliability.md from them. `make soak`: the long versions (a 60 s
+# collector outage, 1,000,000 steps and requests). Failed rows do not stop the table from
+# being written; the renderer's exit status says whether an asserted row failed.
+RELIABILITY = $(VPY) -m pytest -q -m reliability tests/reliability tests/vllm/test_vllm_privacy.py \
+	-p no:cacheprovider
+reliability soak: ext
+	-$(if $(filter soak,$@),OTELGPU_SOAK=1) OTELGPU_RELIABILITY_OUT=benchmarks/results/reliability-native.json $(RELIABILITY)
+	-$(if $(filter soak,$@),OTELGPU_SOAK=1) OTELGPU_NO_EXTENSIONS=1 OTELGPU_RELIABILITY_OUT=benchmarks/results/reliability-pure.json $(RELIABILITY)
+	$(VPY) benchmarks/reliability_table.py
 
 clean:
 	rm -rf build $(VENV) .ext.lock

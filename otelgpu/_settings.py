@@ -231,10 +231,12 @@ def redact_key_values(raw: object) -> str:
     if isinstance(raw, Mapping):
         names = [str(k) for k in raw]
     elif isinstance(raw, str):
-        names = [p.partition("=")[0].strip() for p in raw.split(",") if p.strip()]
+        # a part without "=" may be a bare token: it is not a name, show nothing of it
+        parts = [p for p in raw.split(",") if p.strip()]
+        names = [p.partition("=")[0].strip() if "=" in p else "" for p in parts]
     else:
         return REDACTED
-    return ",".join(f"{name}={REDACTED}" for name in names) or REDACTED
+    return ",".join(f"{name}={REDACTED}" if name else REDACTED for name in names) or REDACTED
 
 
 def redact_url(url: str) -> str:
@@ -439,7 +441,46 @@ def resolve(overrides: Mapping[str, object] | None = None,
             env.get(v, "").strip() for v in OTLP_ENDPOINT_VARIABLES
         )
         values["exporters"] = ("otlp",) if configured else ("recording",)
-    return Settings(**values)
+    settings = Settings(**values)
+    _check_sdk_variables(settings, env)
+    return settings
+
+
+#: ``OTEL_*`` variables the OpenTelemetry SDK reads itself while otelgpu builds the pipeline,
+#: and what they accept. The SDK raises a bare ValueError (or its own exception) for a bad
+#: value deep inside instrument(); checked here, they fail like every other setting.
+_SDK_SPAN_LIMITS = (
+    "OTEL_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+)
+_SDK_OTLP_SIGNALS = ("", "TRACES_", "METRICS_", "LOGS_")
+_COMPRESSIONS = ("gzip", "deflate", "none")
+
+
+def _check_sdk_variables(settings: Settings, env: Mapping[str, str]) -> None:
+    for var in _SDK_SPAN_LIMITS:
+        raw = env.get(var, "").strip()
+        if raw and not raw.isdigit():
+            raise ConfigurationError(var, raw, "a non-negative integer")
+    if "otlp" not in settings.exporters:
+        return
+    for signal in _SDK_OTLP_SIGNALS:
+        var = f"OTEL_EXPORTER_OTLP_{signal}TIMEOUT"
+        raw = env.get(var, "").strip()
+        if raw:
+            try:
+                _float_range(0.0, 3_600_000.0, lo_open=True, hi_open=False)(raw)
+            except (ValueError, TypeError):
+                raise ConfigurationError(var, raw, "a number in (0, 3600000]") from None
+        var = f"OTEL_EXPORTER_OTLP_{signal}COMPRESSION"
+        raw = env.get(var, "").strip()
+        if raw and raw.lower() not in _COMPRESSIONS:
+            raise ConfigurationError(var, raw, "gzip, deflate or none")
 
 
 def describe(settings: Settings) -> list[tuple[str, str, str]]:

@@ -9,7 +9,7 @@ import pytest
 
 from otelgpu import _impl
 
-pytest_plugins = ["fixtures.sim", "fixtures.otlp_receiver", "fixtures.otel"]
+pytest_plugins = ["fixtures.sim", "fixtures.otlp_receiver", "fixtures.otel", "fixtures.reliability"]
 
 NO_EXTENSIONS = _impl.NO_EXTENSIONS
 

@@ -126,4 +126,12 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, CorruptDataError) as exc:
         print(f"otelgpu report: {exc}", file=sys.stderr)
         return 1
-    return 0 if messages else 1
+    if not messages:
+        print(
+            "otelgpu report: no readable OTLP export request in "
+            + ", ".join(args.files)
+            + " (not an otelgpu recording, or damaged throughout)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -22,6 +22,7 @@ removed when a file is started or rotated.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -214,6 +215,7 @@ class RecordingFile:
         self.lines_written = 0
         self.rotations = 0
         self.pruned = 0
+        self._failing = False
         self._open()
 
     def write_line(self, line: str) -> None:
@@ -224,12 +226,31 @@ class RecordingFile:
                 return
             if self._file.closed:  # a failed rotation or reopen: try again now
                 self._open()
-            if self._size and self._size + size > self._max_bytes:
-                self._rotate()
-            self._file.write(data)
-            self._file.flush()
+            try:
+                if self._size and self._size + size > self._max_bytes:
+                    self._rotate()
+                self._file.write(data)
+                self._file.flush()
+            except OSError as exc:
+                self._write_failed(exc)
+                raise
             self._size += size
             self.lines_written += 1
+            self._failing = False
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A full disk, a file-size limit, a vanished directory: drop the buffered line (a
+        later close() must not raise it into the host), say so once per failure streak."""
+        with contextlib.suppress(OSError):
+            self._file.close()  # the buffered line is flushed once more and then dropped
+        if not self._failing:
+            self._failing = True
+            _log.warning(
+                "otelgpu: cannot write the recording %s (%s); telemetry is dropped and counted "
+                "until writing works again",
+                self.path,
+                exc.strerror or exc,
+            )
 
     def _open(self) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -261,7 +282,8 @@ class RecordingFile:
         with self._lock:
             self._closed = True
             if not self._file.closed:
-                self._file.close()
+                with contextlib.suppress(OSError):  # a full disk: never raise from shutdown()
+                    self._file.close()
 
 
 class RecordingSpanExporter(SpanExporter):

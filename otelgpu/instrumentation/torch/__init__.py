@@ -170,8 +170,6 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             gpu_timer=gpu_timer,
         )
         telemetry.gpu_timer = gpu_timer
-        tracker = session.tracker
-        telemetry.next_step = lambda: tracker.steps + 1  # the step that just closed
         telemetry.ddp_modules = session.installation.ddp_modules
         telemetry.add_event = session.tracker.add_event
         telemetry.names = session.names

@@ -137,6 +137,8 @@ class Installation:
             if scaler is not None:
                 p.wrap(scaler, "step", P.grad_scaler_step(t, s, self.names))
             self.installed += ["optimizer", "backward", "grad_scaler"]
+            if p.wrap(torch, "compile", P.torch_compile(t, s)):
+                self.installed.append("compile")
             if self._data:
                 self._install_data(torch)
             if self._comm:

@@ -42,7 +42,7 @@ from otelgpu.instrumentation.torch._steps import StepRecord
 from otelgpu.metrics import catalog as C
 from otelgpu.metrics.spec import MetricSpec
 
-__all__ = ["RATIO_WINDOW", "Telemetry"]
+__all__ = ["RATIO_WINDOW", "StepProbe", "Telemetry"]
 
 _logger = logging.getLogger("otelgpu.torch")
 
@@ -97,6 +97,17 @@ class _Gauge:
             return []
 
 
+class StepProbe:
+    """What the tracker's probe took when a step closed: allocator statistics
+    ``(snapshot, new OOMs, new retries)`` or None, and a CUDA step-end event or None."""
+
+    __slots__ = ("gpu_event", "memory")
+
+    def __init__(self, memory: tuple[MemorySnapshot, int, int] | None, gpu_event: Any) -> None:
+        self.memory = memory
+        self.gpu_event = gpu_event
+
+
 def _quantile(sorted_values: list[int], q: float) -> float:
     """Nearest-rank quantile of a sorted, non-empty list."""
     i = min(len(sorted_values) - 1, max(0, int(q * len(sorted_values) + 0.5) - 1))
@@ -147,7 +158,6 @@ class Telemetry:
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         self.gpu_timer: CudaEventTimer | None = None
-        self.next_step: Callable[[], int] | None = None
         self._gpu_ops: deque[Resolved] = deque(maxlen=PENDING_LIMIT)
         self._gpu_steps: dict[int, float] = {}
 
@@ -255,6 +265,11 @@ class Telemetry:
         """
         if not self.enabled:
             return
+        probe = record.probe
+        if isinstance(probe, StepProbe) and probe.gpu_event is not None:
+            timer = self.gpu_timer
+            if timer is not None:  # in step order, before the drain that pairs it
+                timer.add_boundary(record.step, probe.gpu_event)
         queue = self._queue
         if len(queue) >= QUEUE_LIMIT:
             self._dropped += 1
@@ -385,6 +400,7 @@ class Telemetry:
             N.SPAN_MICRO_BATCHES: record.micro_batches,
             N.SPAN_OPTIMIZER_STEPS: record.optimizer_steps,
             N.SPAN_SKIPPED: record.skipped,
+            N.SPAN_STEP_RULE: record.rule,
             N.SPAN_DATA_WAIT: record.data_wait_ns / 1e9,
             N.SPAN_COMM_WAIT: record.comm_wait_ns / 1e9,
             N.SPAN_COMPUTE: record.compute_ns / 1e9,
@@ -445,24 +461,25 @@ class Telemetry:
             tokens=record.tokens,
         )
 
-    def probe(self) -> tuple[MemorySnapshot, int, int] | None:
-        """Allocator statistics at the moment a step closes (the tracker's probe).
-
-        With GPU step timing on, also records the step's end event (``_cuda_events``).
-        """
+    def probe(self) -> StepProbe | None:
+        """Allocator statistics (and, with GPU step timing, a CUDA end event) at the
+        moment a step -- or a warm-up segment that may end one -- closes (the tracker's
+        probe). The event is paired with its step number when the step is emitted."""
         if not self.enabled:
             return None
-        timer, next_step = self.gpu_timer, self.next_step
-        if timer is not None and timer.steps and next_step is not None:
+        event = None
+        timer = self.gpu_timer
+        if timer is not None and timer.steps:
             try:
-                timer.boundary(next_step())
+                event = timer.step_event()
             except Exception as exc:  # noqa: BLE001 - never raise into the host
                 self.error("torch.cuda_events.boundary", exc)
         if self.memory is None and self._memory_factory is not None:
             self.memory = self._memory_factory(self.oom)
             self._memory_factory = None
         reader = self.memory
-        return None if reader is None else reader.read()
+        memory = None if reader is None else reader.read()
+        return None if memory is None and event is None else StepProbe(memory, event)
 
     def _memory_fields(
         self,
@@ -471,8 +488,9 @@ class Telemetry:
         events: list[tuple[str, int, dict[str, object]]],
     ) -> MemorySnapshot | None:
         """Memory attributes for the span; OOM events get the allocator state added."""
-        got = record.probe
-        if not isinstance(got, tuple):
+        probe = record.probe
+        got = probe.memory if isinstance(probe, StepProbe) else None
+        if got is None:
             return None
         snap: MemorySnapshot = got[0]
         new_ooms: int = got[1]

@@ -37,6 +37,7 @@ __all__ = [
     "dataloader_iter",
     "dataloader_next",
     "engine_step",
+    "fetch_ahead_iter",
     "grad_scaler_step",
     "optimizer_hooks",
     "torch_compile",
@@ -379,13 +380,62 @@ def dataloader_next(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn
                 TLS.data_depth = 0
             end = clock()
             try:
-                samples, tokens = infer_batch(batch)
+                # Inside a fetch-ahead loader the batch counts when it is handed over.
+                samples, tokens = (None, None) if TLS.consumer_depth else infer_batch(batch)
                 tracker.data_wait(start, end, samples, tokens)
             except Exception as exc:  # noqa: BLE001 - never raise into the host
                 sink.error("torch.DataLoader.__next__", exc)
             return batch
 
         return dynamo_skip(__next__)
+
+    return factory
+
+
+def _handed_over(it: Iterator[Any], tracker: StepTracker, sink: Sink) -> Iterator[Any]:
+    """Yields ``it``'s batches; each counts (samples, tokens) as it is handed to the loop.
+
+    Fetches made while ``it`` runs (its look-ahead) record their wait but no sizes.
+    """
+    try:
+        while True:
+            TLS.consumer_depth += 1
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                TLS.consumer_depth -= 1
+            if GATE.on:
+                try:
+                    samples, tokens = infer_batch(batch)
+                    tracker.batch_consumed(samples, tokens)
+                except Exception as exc:  # noqa: BLE001 - never raise into the host
+                    sink.error("torch.fetch_ahead_loader", exc)
+            yield batch
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+dynamo_skip(_handed_over)
+
+
+def fetch_ahead_iter(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
+    """``__iter__`` of a loader that fetches one batch ahead (accelerate's
+    ``DataLoaderShard``/``DataLoaderDispatcher``): samples and tokens count when a batch is
+    handed to the loop, so a prefetched batch never trained on (``max_steps`` reached
+    mid-epoch) is not counted, and each step gets its own batches' sizes."""
+
+    def factory(wrapped: AnyFn) -> AnyFn:
+        @functools.wraps(wrapped)
+        def __iter__(self: Any) -> Iterator[Any]:
+            if not GATE.on:
+                return wrapped(self)  # type: ignore[no-any-return]
+            return _handed_over(wrapped(self), tracker, sink)
+
+        return dynamo_skip(__iter__)
 
     return factory
 

@@ -105,6 +105,7 @@ def _after_fork_in_child() -> None:
 
         clear_handlers()
         active[1].enabled = False
+        active[1].forked = True
         active[1]._queue.clear()  # the parent's steps; its worker thread did not survive
         active[1]._worker = None
         active[0].started = False

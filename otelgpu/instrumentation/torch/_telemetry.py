@@ -87,8 +87,10 @@ class _Gauge:
         self._arg = arg
 
     def __call__(self, _options: CallbackOptions) -> Iterable[Observation]:
+        # An uninstrumented owner still reports its final values: ``shutdown()``
+        # uninstruments the frameworks before the runtime's final collection.
         owner = self._owner()
-        if owner is None or not owner.enabled:
+        if owner is None or owner.forked:
             return []
         try:
             return getattr(owner, self._method)(self._arg)  # type: ignore[no-any-return]
@@ -106,6 +108,20 @@ class StepProbe:
     def __init__(self, memory: tuple[MemorySnapshot, int, int] | None, gpu_event: Any) -> None:
         self.memory = memory
         self.gpu_event = gpu_event
+
+
+_gauge_owner: weakref.ref[Telemetry] | None = None
+_gauge_owner_lock = threading.Lock()
+
+
+def _retire_previous_gauges(new: Telemetry) -> None:
+    """Removes the gauge callbacks of the previous (closed) Telemetry, if another."""
+    global _gauge_owner
+    with _gauge_owner_lock:
+        previous = _gauge_owner() if _gauge_owner is not None else None
+        _gauge_owner = weakref.ref(new)
+    if previous is not None and previous is not new:
+        previous._remove_gauges()
 
 
 def _quantile(sorted_values: list[int], q: float) -> float:
@@ -150,6 +166,7 @@ class Telemetry:
         self._gauges: list[tuple[Any, _Gauge]] = []
         self.add_event: Callable[[str, dict[str, object]], None] | None = None
         self.enabled = True
+        self.forked = False  # a forked child's copy: reports nothing
         self.steps_seen = 0
         self._queue: deque[StepRecord] = deque()
         self._dropped = 0
@@ -190,6 +207,7 @@ class Telemetry:
             return inst
         inst = {m.name: rt.instrument(m) for m in C.TORCH_METRICS if not m.kind.observable}
         self._remove_gauges()
+        _retire_previous_gauges(self)
         self._gauges = [
             (rt.instrument(spec), _Gauge(self, method, arg)) for spec, method, arg in _GAUGES
         ]
@@ -375,7 +393,8 @@ class Telemetry:
             worker.join(timeout=2.0)
         self._worker = None
         self.drain()
-        self._remove_gauges()
+        # The gauges stay until another Telemetry takes over (their final values are
+        # the last collection's), see ``_retire_previous_gauges``.
 
     def _record_step(self, record: StepRecord) -> None:
         """One finished step: span (every ``span_every``), metrics, ratio ring."""

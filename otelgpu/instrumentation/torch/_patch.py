@@ -144,7 +144,7 @@ def _comptime() -> Callable[..., Any] | None:
         from torch._dynamo.comptime import comptime
     except Exception:  # noqa: BLE001 - no Dynamo: compiled optimizer steps stay unseen
         return None
-    return comptime  # type: ignore[no-any-return]
+    return comptime
 
 
 def _traced_optimizer_step(ctx: Any = None) -> None:
@@ -419,9 +419,6 @@ def _handed_over(it: Iterator[Any], tracker: StepTracker, sink: Sink) -> Iterato
             close()
 
 
-dynamo_skip(_handed_over)
-
-
 def fetch_ahead_iter(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
     """``__iter__`` of a loader that fetches one batch ahead (accelerate's
     ``DataLoaderShard``/``DataLoaderDispatcher``): samples and tokens count when a batch is
@@ -429,6 +426,8 @@ def fetch_ahead_iter(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyF
     mid-epoch) is not counted, and each step gets its own batches' sizes."""
 
     def factory(wrapped: AnyFn) -> AnyFn:
+        dynamo_skip(_handed_over)  # here, not at import: that would import torch
+
         @functools.wraps(wrapped)
         def __iter__(self: Any) -> Iterator[Any]:
             if not GATE.on:

@@ -37,6 +37,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch._cuda_events import PENDING_LIMIT, CudaEventTimer, Resolved
+from otelgpu.instrumentation.torch._devices import StepDevices
 from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
 from otelgpu.instrumentation.torch._steps import StepRecord
 from otelgpu.metrics import catalog as C
@@ -167,6 +168,7 @@ class Telemetry:
         self.add_event: Callable[[str, dict[str, object]], None] | None = None
         self.enabled = True
         self.forked = False  # a forked child's copy: reports nothing
+        self._devices: tuple[Any, StepDevices] | None = None
         self.steps_seen = 0
         self._queue: deque[StepRecord] = deque()
         self._dropped = 0
@@ -451,6 +453,7 @@ class Telemetry:
         *,
         sampled: bool,
     ) -> None:
+        devices = self._step_devices(rt, record.step)
         finish = getattr(rt, "finish_step", None)
         if finish is None:  # minimal runtime: record_step only (a span for every step)
             rt.record_step(
@@ -459,6 +462,7 @@ class Telemetry:
                 step=record.step,
                 samples=record.samples,
                 tokens=record.tokens,
+                devices=devices,
                 **fields,
             )
             return
@@ -478,7 +482,31 @@ class Telemetry:
             step=record.step,
             samples=record.samples,
             tokens=record.tokens,
+            devices=devices,
         )
+
+    def _step_devices(self, rt: Any, step: int) -> list[str] | None:
+        """GPUs the step's GPU context covers (``step_devices``; None: every sampled GPU)."""
+        sampler = getattr(rt, "sampler", None)
+        if sampler is None:
+            return None  # no GPU context at all
+        resolver = self._devices
+        if resolver is None or resolver[0] is not rt:
+            setting = getattr(getattr(rt, "settings", None), "step_devices", "auto")
+            resolver = (
+                rt,
+                StepDevices(
+                    setting,
+                    sampler.devices,
+                    lambda message: self._error("torch.step_devices", ValueError(message)),
+                ),
+            )
+            self._devices = resolver
+        try:
+            return resolver[1].for_step(step)
+        except Exception as exc:  # noqa: BLE001 - GPU context is best effort
+            self._error("torch.step_devices", exc)
+            return []
 
     def probe(self) -> StepProbe | None:
         """Allocator statistics (and, with GPU step timing, a CUDA end event) at the

@@ -108,11 +108,11 @@ def test_zero_code_unmodified_script(
     # Issue 15.5: the final collection at exit carries every instrument, the gauges of
     # the torch telemetry included (they were dropped under ``otelgpu run``).
     gauges = {}
-    for metric in (N.DATA_WAIT_RATIO, N.COMM_WAIT_RATIO, N.STEP_JITTER):
+    for metric in (C.DATA_WAIT_RATIO, C.COMM_WAIT_RATIO, C.STEP_JITTER):
         got = otlp_receiver.last_metric(metric.name)
         assert got is not None, metric.name
         (gauge_point,) = got.gauge.data_points
         gauges[metric.name] = gauge_point.as_double
-    assert 0 < gauges[N.DATA_WAIT_RATIO.name] < 1
-    assert gauges[N.COMM_WAIT_RATIO.name] == 0.0  # no collective in this script
-    assert gauges[N.STEP_JITTER.name] >= 1.0
+    assert 0 < gauges[C.DATA_WAIT_RATIO.name] < 1
+    assert gauges[C.COMM_WAIT_RATIO.name] == 0.0  # no collective in this script
+    assert gauges[C.STEP_JITTER.name] >= 1.0

@@ -81,7 +81,7 @@ def test_step_devices_all_and_explicit(node: Any) -> None:
     for attrs in third:
         assert attrs["hw.id"] == by_index[2]
         assert attrs["otelgpu.gpu.utilization.mean"] == pytest.approx(0.70, abs=0.01)
-        assert attrs["otelgpu.gpu.samples"] >= 3
+        assert attrs["otelgpu.gpu.samples"] >= 1
         assert "otelgpu.gpu.ids" not in attrs
 
 

@@ -67,7 +67,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["RULES", "Clock", "StepRecord", "StepTracker", "epoch_clock"]
@@ -95,6 +95,7 @@ _RULE_TEXT = {
 _BACKWARD_MARK = "backward"
 
 Clock = Callable[[], int]
+Records = Sequence["StepRecord"]
 
 
 def epoch_clock() -> Clock:
@@ -196,7 +197,7 @@ class _Accum:
         self.probe: object = None
         self.end_ns = 0
         self.tail_end_ns = 0
-        self.marks: set[object] = set()
+        self.marks: tuple[object, ...] = ()
 
     def absorb_earlier(self, earlier: _Accum) -> None:
         """Adds ``earlier`` (the work just before this) into this accumulator."""
@@ -350,7 +351,7 @@ class StepTracker:
     def backward_end(self, now_ns: int | None = None) -> None:
         """The outermost ``torch.autograd.backward`` call returned (or raised)."""
         t = self.clock() if now_ns is None else now_ns
-        done: list[StepRecord] = []
+        done: Records = ()
         with self._lock:
             self._backward_depth = max(0, self._backward_depth - 1)
             if self._backward_depth or self.total_optimizer_steps or self._engine_depth:
@@ -383,7 +384,6 @@ class StepTracker:
             count: optimizer steps this firing stands for (a compiled call: several).
         """
         t = self.clock() if now_ns is None else now_ns
-        done: list[StepRecord] = []
         with self._lock:
             self.total_optimizer_steps += count
             if self._start_ns is None and self._pending is None:
@@ -392,7 +392,7 @@ class StepTracker:
                 self._set_rule_locked(RULE_OPTIMIZER)  # an optimizer hook after all
             if self._absorb_locked(key, t, skipped, duration_ns, count):
                 return
-            done = self._settle_locked()
+            done: Records = self._settle_locked()
             acc = self._acc
             acc.optimizer_steps += count
             acc.skipped += skipped
@@ -404,7 +404,7 @@ class StepTracker:
                 if self._rule is None:
                     self._close_segment_locked(t, ("opt", key))
                     self._absorbing = True
-                    done += self._try_decide_locked(t)
+                    done = (*done, *self._try_decide_locked(t))
                 elif self._is_boundary_locked(key):
                     self._close_locked(t)
         self._deliver(done)
@@ -460,7 +460,7 @@ class StepTracker:
             now_ns: end time.
         """
         t = self.clock() if now_ns is None else now_ns
-        done: list[StepRecord] = []
+        done: Records = ()
         with self._lock:
             self._engine_depth = max(0, self._engine_depth - 1)
             if self._engine_depth:
@@ -567,7 +567,7 @@ class StepTracker:
         nothing (a final checkpoint save) is attached to the last step.
         """
         with self._lock:
-            done: list[StepRecord] = []
+            done: Records = ()
             if self._rule is None and self._segments:
                 done = self._decide_locked(self._best_rule_locked())
             pending = self._pending
@@ -582,7 +582,7 @@ class StepTracker:
                 acc.events = events[-16:]
                 self._pending = (tail.tail_end_ns, acc)
                 self._acc = _Accum()
-            done += self._settle_locked()
+            done = (*done, *self._settle_locked())
         self._deliver(done)
 
     # -- internals (lock held) ---------------------------------------------------------
@@ -600,7 +600,7 @@ class StepTracker:
         acc.optimizer_steps += count
         acc.skipped += skipped
         acc.optimizer_ns += duration_ns
-        acc.marks.add(("opt", key))
+        acc.marks += (("opt", key),)
         acc.end_ns = t
         if self._pending is not None:
             self._pending = (t, acc)
@@ -654,7 +654,7 @@ class StepTracker:
         """Warm-up: ends the segment in progress at ``end_ns`` and buffers it."""
         acc = self._acc
         acc.end_ns = end_ns
-        acc.marks.add(mark)
+        acc.marks += (mark,)
         self._segments.append(acc)
         self._probe_target = acc if self.probe is not None else None
         self._acc = _Accum()
@@ -670,7 +670,7 @@ class StepTracker:
             return RULE_COMPILED
         return rule
 
-    def _try_decide_locked(self, now_ns: int) -> list[StepRecord]:
+    def _try_decide_locked(self, now_ns: int) -> Records:
         """Warm-up: decides the rule when the evidence suffices (or the buffer is full)."""
         segments = self._segments
         forced = len(segments) >= self._max_segments or (
@@ -704,7 +704,7 @@ class StepTracker:
                 segment.absorb_earlier(current)
             current = segment
             if boundary in segment.marks:
-                done += self._settle_locked()
+                done.extend(self._settle_locked())
                 self._pending = (segment.end_ns, segment)
                 current = None
         self._segments.clear()
@@ -714,17 +714,19 @@ class StepTracker:
         self._absorbing = absorbing and current is None
         return done
 
-    def _settle_locked(self) -> list[StepRecord]:
+    def _settle_locked(self) -> Records:
         """Finalises the pending step (called when the next step's work begins)."""
         self._absorbing = False
         if self._pending is None:
-            return []
+            return ()
         end_ns, acc = self._pending
         self._pending = None
         start = self._start_ns if self._start_ns is not None else end_ns
         self._start_ns = end_ns
         self._steps += 1
-        rule = self._effective_rule_locked()
+        rule = self._rule or ""
+        if rule == RULE_OPTIMIZER and self._compiled_keys:
+            rule = self._effective_rule_locked()
         if rule != self._announced:
             self._announced = self._announce = rule
         samples = acc.explicit_samples if acc.explicit_samples is not None else acc.inferred_samples
@@ -762,7 +764,9 @@ class StepTracker:
         with self._lock:
             target.probe = value
 
-    def _deliver(self, records: list[StepRecord]) -> None:
+    def _deliver(self, records: Records) -> None:
+        if not records:
+            return
         announce = self._announce
         if announce is not None:
             self._announce = None

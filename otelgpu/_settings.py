@@ -35,6 +35,7 @@ SAMPLERS = (
 )
 ATTACH = ("auto", "never")
 FRAMEWORKS = ("torch", "vllm", "none")
+STEP_DEVICES = ("auto", "all", "none")
 
 #: OTLP endpoint variables whose presence means "a collector is configured".
 OTLP_ENDPOINT_VARIABLES = (
@@ -72,6 +73,7 @@ class Settings:
     prometheus_port: int = 9464
     gpu: bool = True
     devices: tuple[str, ...] | None = None
+    step_devices: str | tuple[str, ...] = "auto"
     sample_interval_ms: int = 100
     sampler_history_s: float = 600.0
     gpu_startup_wait_ms: int = 500
@@ -190,6 +192,24 @@ def _devices(raw: object) -> tuple[str, ...] | None:
         raise ValueError(raw)
     if [v.lower() for v in values] == ["all"]:
         return None
+    return tuple(values)
+
+
+def _step_devices(raw: object) -> str | tuple[str, ...]:
+    """``auto``, ``all``, ``none``, or GPU indices/UUIDs (a comma list, or a sequence)."""
+    if isinstance(raw, str):
+        values = _split(raw)
+    elif isinstance(raw, list | tuple):
+        values = [str(v).strip() for v in raw if not isinstance(v, bool)]
+        if len(values) != len(raw) or not all(values):
+            raise ValueError(raw)
+    else:
+        raise TypeError(raw)
+    lowered = [v.lower() for v in values]
+    if len(values) == 1 and lowered[0] in STEP_DEVICES:
+        return lowered[0]
+    if not values or any(v in STEP_DEVICES for v in lowered):
+        raise ValueError(raw)
     return tuple(values)
 
 
@@ -331,6 +351,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Sample the GPUs (GPU context on spans, hw.* metrics)."),
     Setting("devices", ev.OTELGPU_DEVICES, None, _devices,
             "'all' or a comma list of GPU indices or UUIDs", "GPUs to sample."),
+    Setting("step_devices", ev.OTELGPU_STEP_DEVICES, None, _step_devices,
+            "auto, all, none, or a comma list of CUDA indices or GPU UUIDs",
+            "GPUs whose context training step spans carry (auto: those the process uses)."),
     Setting("sample_interval_ms", ev.OTELGPU_SAMPLE_INTERVAL_MS, None, _int_range(1, 60_000),
             "an integer in [1, 60000] (milliseconds)", "GPU sampling period."),
     Setting("sampler_history_s", ev.OTELGPU_SAMPLER_HISTORY_S, None,

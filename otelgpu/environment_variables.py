@@ -101,6 +101,12 @@ OTELGPU_GPU = "OTELGPU_GPU"
 OTELGPU_DEVICES = "OTELGPU_DEVICES"
 """GPUs to sample: ``all`` or a comma list of indices or UUIDs (default: all visible)."""
 
+OTELGPU_STEP_DEVICES = "OTELGPU_STEP_DEVICES"
+"""GPUs whose context (utilization, memory, energy, throttling, XIDs) training step spans carry:
+``auto`` (default: the CUDA devices the process uses -- those holding its tensors, else torch's
+current device; none while torch has not initialised CUDA, e.g. a CPU-only run), ``all`` (every
+sampled GPU), ``none``, or a comma list of CUDA indices or GPU UUIDs."""
+
 OTELGPU_SAMPLE_INTERVAL_MS = "OTELGPU_SAMPLE_INTERVAL_MS"
 """GPU sampling period, milliseconds (default 100)."""
 

@@ -241,3 +241,49 @@ def test_event_pair_cost(group: str) -> None:
     )
     assert len(resolved) == n
     assert per_pair_us < 200 and cpu_us < 20
+
+
+def test_step_spans_attributed_to_the_device_in_use() -> None:
+    """``step_devices=auto`` on a real GPU: the step spans carry the context of the device
+    holding the model (torch's ordinal mapped to the sampled GPU), not of every GPU."""
+    _skip_without_cuda()
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otelgpu._runtime import Runtime
+    from otelgpu._settings import Settings
+    from otelgpu.instrumentation.torch import TorchInstrumentor, flush
+    from otelgpu.sampler import GpuSampler
+
+    ordinal = torch.cuda.device_count() - 1
+    sampler = GpuSampler(interval_s=0.01)
+    sampler.start()
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    rt = Runtime(
+        Settings(gpu=False),
+        tracer_provider=tracer_provider,
+        meter_provider=MeterProvider(),
+        sampler=sampler,
+    )
+    try:
+        TorchInstrumentor().instrument(runtime=rt)
+        model = torch.nn.Linear(256, 256).to(f"cuda:{ordinal}")
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(4):
+            model(torch.randn(64, 256, device=f"cuda:{ordinal}")).sum().backward()
+            opt.step()
+            time.sleep(0.05)
+        flush()
+    finally:
+        TorchInstrumentor().uninstrument()
+        sampler.stop()
+    expected = next(d.uuid for d in sampler.devices if d.cuda_index == ordinal)
+    steps = [
+        dict(s.attributes) for s in spans.get_finished_spans() if s.name == "otelgpu.train.step"
+    ]
+    assert len(steps) == 4
+    assert {a.get("hw.id") for a in steps} == {expected}

@@ -333,7 +333,8 @@ def test_pipeline_failed_instrument_leaves_nothing_behind(tmp_path: Path) -> Non
     """A Prometheus port in use used to raise a bare OSError after otelgpu's tracer
     provider was installed globally with its export threads running; the next
     instrument() then attached to that orphan."""
-    pytest.importorskip("opentelemetry.exporter.prometheus")
+    import opentelemetry.exporter.prometheus  # noqa: F401  (a test dependency: fail, never skip)
+
     threads_before = {t.name for t in threading.enumerate()}
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

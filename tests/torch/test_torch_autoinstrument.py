@@ -63,6 +63,8 @@ def test_zero_code_unmodified_script(
         OTEL_EXPORTER_OTLP_INSECURE="true",
         OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="otelgpu_vllm",
         OTELGPU_GPU="false",
+        # Longer than the job: only the final collection at exit exports metrics.
+        OTEL_METRIC_EXPORT_INTERVAL="600000",
     )
     proc = subprocess.run(
         [*LAUNCHERS[launcher], str(script)],
@@ -103,3 +105,14 @@ def test_zero_code_unmodified_script(
     assert point.count == 1 and attributes(point.attributes) == {
         N.ATTR_CHECKPOINT_KIND: "torch.save"
     }
+    # Issue 15.5: the final collection at exit carries every instrument, the gauges of
+    # the torch telemetry included (they were dropped under ``otelgpu run``).
+    gauges = {}
+    for metric in (C.DATA_WAIT_RATIO, C.COMM_WAIT_RATIO, C.STEP_JITTER):
+        got = otlp_receiver.last_metric(metric.name)
+        assert got is not None, metric.name
+        (gauge_point,) = got.gauge.data_points
+        gauges[metric.name] = gauge_point.as_double
+    assert 0 < gauges[C.DATA_WAIT_RATIO.name] < 1
+    assert gauges[C.COMM_WAIT_RATIO.name] == 0.0  # no collective in this script
+    assert gauges[C.STEP_JITTER.name] >= 1.0

@@ -91,9 +91,10 @@ def test_gradient_accumulation_four_micro_batches(session: Session, recorder: Re
 
 
 def test_gan_two_optimizers_generator_anchors(session: Session, recorder: Recorder) -> None:
+    """Issue 15.3: a GAN loop (D then G) is one step per iteration from the first one."""
     gen, opt_g = _model()
     disc, opt_d = _model()
-    for _ in range(10):
+    for _ in range(20):
         _loss(disc).backward()
         opt_d.step()
         opt_d.zero_grad()
@@ -102,18 +103,18 @@ def test_gan_two_optimizers_generator_anchors(session: Session, recorder: Record
         opt_g.zero_grad()
     session.tracker.flush()
     steps = recorder.steps
-    # One transient (D alone before G first stepped), then one step per iteration.
-    assert len(steps) == 11
-    assert [(s.micro_batches, s.optimizer_steps) for s in steps[:2]] == [(1, 1), (1, 1)]
-    assert {(s.micro_batches, s.optimizer_steps) for s in steps[2:]} == {(2, 2)}
+    assert len(steps) == 20
+    assert {(s.micro_batches, s.optimizer_steps, s.rule) for s in steps} == {(2, 2, "optimizer")}
     assert session.tracker.anchor() == id(opt_g)
     _assert_contiguous(steps)
 
 
 def test_wgan_n_critic_five(session: Session, recorder: Recorder) -> None:
+    """Issue 15.3: five critic steps before the generator's first step are no steps of
+    their own (the warm-up holds them until the period is known)."""
     gen, opt_g = _model()
     disc, opt_d = _model()
-    for _ in range(8):
+    for _ in range(20):
         for _ in range(5):
             _loss(disc).backward()
             opt_d.step()
@@ -123,9 +124,27 @@ def test_wgan_n_critic_five(session: Session, recorder: Recorder) -> None:
         opt_g.zero_grad()
     session.tracker.flush()
     steps = recorder.steps
-    assert len(steps) == 8 + 5  # five D-only steps before G's first step
-    assert {(s.micro_batches, s.optimizer_steps) for s in steps[6:]} == {(6, 6)}
+    assert len(steps) == 20
+    assert {(s.micro_batches, s.optimizer_steps) for s in steps} == {(6, 6)}
     assert session.tracker.anchor() == id(opt_g)
+    _assert_contiguous(steps)
+
+
+def test_short_gan_run_is_cut_at_flush(session: Session, recorder: Recorder) -> None:
+    """Fewer iterations than the warm-up: nothing is emitted before the end, then the
+    buffered work is cut by the best rule known."""
+    gen, opt_g = _model()
+    disc, opt_d = _model()
+    for _ in range(3):
+        _loss(disc).backward()
+        opt_d.step()
+        _loss(gen).backward()
+        opt_g.step()
+    assert recorder.steps == [] and session.tracker.rule is None
+    session.tracker.flush()
+    assert [(s.micro_batches, s.optimizer_steps) for s in recorder.steps] == [(2, 2)] * 3
+    assert session.tracker.rule == "optimizer"
+    _assert_contiguous(recorder.steps)
 
 
 def test_two_optimizers_after_one_backward_are_one_step(
@@ -231,9 +250,10 @@ def test_torch_compile_model_exact_steps_no_graph_breaks(
 
 @pytest.mark.slow
 def test_torch_compile_whole_train_step(recorder: Recorder, clock: TickClock) -> None:
-    """Dynamo runs no global optimizer hooks in a compiled optimizer step: after 32
-    backward calls without one, each backward call (eager, after Dynamo's own graph
-    break) ends a step. We add no graph break or recompile."""
+    """Issue 15.2: the optimizer step is compiled into the train step (Dynamo runs no
+    global optimizer hook there). The optimizer steps traced into the compiled function
+    are counted at each of its calls: one step per call from the first, with its
+    optimizer step, rule ``compiled``. We add no graph break or recompile."""
     baseline, base_frames = _compiled_run(compile_step=True, iterations=40)
     s = Session(recorder.on_step, recorder, clock=clock)
     s.start()
@@ -244,9 +264,61 @@ def test_torch_compile_whole_train_step(recorder: Recorder, clock: TickClock) ->
         s.stop()
     assert counters == baseline
     assert frames <= base_frames
-    assert s.tracker.backward_only
-    assert [r.micro_batches for r in recorder.steps] == [32] + [1] * 8
+    assert s.tracker.compiled_optimizer_steps == 40
+    steps = recorder.steps
+    assert [(r.micro_batches, r.optimizer_steps, r.rule) for r in steps] == [
+        (1, 1, "compiled")
+    ] * 40
+    _assert_contiguous(steps)
     assert recorder.errors == []
+
+
+@pytest.mark.slow
+def test_torch_compile_decorator_with_gradient_accumulation(
+    recorder: Recorder, clock: TickClock
+) -> None:
+    """``@torch.compile(...)`` (decorator form) around a step with two micro-batches."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    s = Session(recorder.on_step, recorder, clock=clock)
+    s.start()
+    try:
+        model, opt = _model()
+
+        @torch.compile(backend="eager")
+        def train_step(xs: list[torch.Tensor]) -> None:
+            for x in xs:
+                (model(x).pow(2).mean() / len(xs)).backward()
+            opt.step()
+            opt.zero_grad()
+
+        for _ in range(10):
+            train_step([torch.randn(8, 4), torch.randn(8, 4)])
+        s.tracker.flush()
+    finally:
+        s.stop()
+    assert [(r.micro_batches, r.optimizer_steps, r.rule) for r in recorder.steps] == [
+        (2, 1, "compiled")
+    ] * 10
+    assert recorder.errors == []
+
+
+def test_no_optimizer_hook_each_backward_is_a_step(session: Session, recorder: Recorder) -> None:
+    """Rule ``backward`` (a hand-written update, no torch.optim optimizer): each backward
+    call is a step from the first one, also in a run shorter than the warm-up."""
+    model, _ = _model()
+    for _ in range(5):
+        _loss(model).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+                p.grad = None
+    session.tracker.flush()
+    assert [(r.micro_batches, r.optimizer_steps, r.rule) for r in recorder.steps] == [
+        (1, 0, "backward")
+    ] * 5
+    _assert_contiguous(recorder.steps)
 
 
 # ----------------------------------------------------------------- the rule in isolation
@@ -327,7 +399,8 @@ def test_tracker_window_forgets_old_optimizers() -> None:
         t.optimizer_step(2)
     t.flush()
     assert t.anchor() == 2
-    # While optimizer 1 is still in the window it out-ranks optimizer 2 (k = 4..7 are
-    # merged into k = 8); once evicted, every step of optimizer 2 is a step again.
+    # The warm-up (here the window, 8 steps) decides on optimizer 1 (3 steps). While it
+    # is still in the window it out-ranks optimizer 2: its 5 warm-up steps and the next
+    # 3 form one step; once optimizer 1 is evicted, every step of optimizer 2 is a step.
     micro = [s.micro_batches for s in out.steps]
-    assert micro == [1] * 3 + [1, 1, 1] + [5] + [1] * 12
+    assert micro == [1] * 3 + [8] + [1] * 12

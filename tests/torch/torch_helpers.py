@@ -41,7 +41,7 @@ class Recorder:
 class RuntimeHarness:
     """An otelgpu Runtime over in-memory span/metric readers, plus readers for tests."""
 
-    def __init__(self, sampler: object | None = None) -> None:
+    def __init__(self, sampler: object | None = None, **settings: object) -> None:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         from opentelemetry.sdk.trace import TracerProvider
@@ -57,7 +57,7 @@ class RuntimeHarness:
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
         self.runtime = Runtime(
-            Settings(gpu=False),
+            Settings(gpu=False, **settings),  # type: ignore[arg-type]
             tracer_provider=self.tracer_provider,
             meter_provider=self.meter_provider,
             sampler=sampler,

@@ -106,6 +106,7 @@ def _after_fork_in_child() -> None:
 
         clear_handlers()
         active[1].enabled = False
+        active[1].forked = True
         active[1]._queue.clear()  # the parent's steps; its worker thread did not survive
         active[1]._worker = None
         active[0].started = False
@@ -172,8 +173,6 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             gpu_timer=gpu_timer,
         )
         telemetry.gpu_timer = gpu_timer
-        tracker = session.tracker
-        telemetry.next_step = lambda: tracker.steps + 1  # the step that just closed
         telemetry.ddp_modules = session.installation.ddp_modules
         telemetry.add_event = session.tracker.add_event
         telemetry.names = session.names

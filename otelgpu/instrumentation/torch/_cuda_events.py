@@ -273,14 +273,28 @@ class CudaEventTimer:
 
         Step *k*'s GPU time is boundary *k-1* → *k*, so the first step has none.
         """
+        event = self.step_event()
+        if event is not None:
+            self.add_boundary(index, event)
+
+    def step_event(self) -> Any:
+        """Records a step-end event on the current stream now (None when off or not ready).
+
+        For a step whose number is known only later (the step rule's warm-up): pass it
+        to :meth:`add_boundary` then, in step order.
+        """
         if not self.steps:
-            return
+            return None
         if self._cuda_ready is not None and not self._cuda_ready():
-            return
+            return None
         if self._capturing is not None and self._capturing():
-            return
+            return None
         event = self._factory()
         event.record()
+        return event
+
+    def add_boundary(self, index: int, event: Any) -> None:
+        """Step ``index`` ended at ``event`` (from :meth:`step_event`)."""
         with self._lock:
             if len(self._boundaries) >= self.limit:
                 self.dropped += 1

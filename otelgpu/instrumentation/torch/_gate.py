@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 __all__ = ["GATE", "TLS"]
 
@@ -49,6 +50,8 @@ class _Local(threading.local):
         self.data_depth = 0
         self.backward_depth = 0
         self.opt_start_ns = 0
+        self.compiled: Any = None  # the outermost torch.compile'd call in progress
+        self.consumer_depth = 0  # inside a fetch-ahead loader's __iter__ (samples counted there)
 
 
 GATE = _Gate()

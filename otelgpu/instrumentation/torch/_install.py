@@ -5,8 +5,9 @@ step hooks, ``torch.autograd.backward``, ``GradScaler.step``, the DataLoader ite
 ``torch.distributed`` collectives and ``Work.wait``, DDP construction (to read DDP's
 own timing), ``torch.save``. Installed when their module is imported: DCP
 ``save``/``async_save``, Lightning's and Hugging Face's checkpoint methods, DeepSpeed's
-``engine.step``. Every change goes through :class:`Patches` and is undone by
-:meth:`Installation.undo`.
+``engine.step``, accelerate's fetch-ahead loaders; and ``torch.compile`` (compiled
+functions feed the ``compiled`` step rule). Every change goes through :class:`Patches`
+and is undone by :meth:`Installation.undo`.
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class Installation:
             if scaler is not None:
                 p.wrap(scaler, "step", P.grad_scaler_step(t, s, self.names))
             self.installed += ["optimizer", "backward", "grad_scaler"]
+            if p.wrap(torch, "compile", P.torch_compile(t, s)):
+                self.installed.append("compile")
             if self._data:
                 self._install_data(torch)
             if self._comm:
@@ -252,12 +255,24 @@ class Installation:
             )
             self.installed.append("deepspeed")
 
+    def install_accelerate(self, module: ModuleType) -> None:
+        """accelerate's fetch-ahead loaders: batches count when handed to the loop."""
+        if not self._data:
+            return
+        with self._lock:
+            for name in ("DataLoaderShard", "DataLoaderDispatcher"):
+                cls = getattr(module, name, None)
+                if cls is not None and "__iter__" in vars(cls):
+                    self.patches.wrap(cls, "__iter__", P.fetch_ahead_iter(self.tracker, self.sink))
+            self.installed.append("accelerate")
+
     def register_late(self) -> None:
         """Arms the post-import hooks for the optional modules."""
         on_import("torch.distributed.checkpoint", self.install_dcp)
         on_import("lightning.pytorch.trainer.trainer", self.install_lightning)
         on_import("pytorch_lightning.trainer.trainer", self.install_lightning)
         on_import("transformers.trainer", self.install_transformers)
+        on_import("accelerate.data_loader", self.install_accelerate)
         on_import("deepspeed.runtime.engine", self.install_deepspeed)
 
     def undo(self) -> None:

@@ -18,6 +18,7 @@ ATTR_DEVICE = "otelgpu.cuda.device"
 SPAN_MICRO_BATCHES = "otelgpu.train.micro_batches"
 SPAN_OPTIMIZER_STEPS = "otelgpu.train.optimizer_steps"
 SPAN_SKIPPED = "otelgpu.train.step.skipped"
+SPAN_STEP_RULE = "otelgpu.train.step.rule"
 SPAN_DATA_WAIT = "otelgpu.train.data.wait"
 SPAN_COMM_WAIT = "otelgpu.train.comm.wait"
 SPAN_COMPUTE = "otelgpu.train.compute"
@@ -34,6 +35,7 @@ SPAN_ATTRIBUTES: tuple[str, ...] = (
     SPAN_MICRO_BATCHES,
     SPAN_OPTIMIZER_STEPS,
     SPAN_SKIPPED,
+    SPAN_STEP_RULE,
     SPAN_DATA_WAIT,
     SPAN_COMM_WAIT,
     SPAN_COMPUTE,

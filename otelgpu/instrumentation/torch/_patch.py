@@ -33,11 +33,14 @@ __all__ = [
     "autograd_backward",
     "checkpoint_save",
     "collective",
+    "compiled_function",
     "dataloader_iter",
     "dataloader_next",
     "engine_step",
+    "fetch_ahead_iter",
     "grad_scaler_step",
     "optimizer_hooks",
+    "torch_compile",
     "work_wait",
 ]
 
@@ -135,6 +138,22 @@ def _is_compiling_fn() -> Callable[[], bool]:
     return fn if fn is not None else (lambda: False)
 
 
+def _comptime() -> Callable[..., Any] | None:
+    """Dynamo's ``comptime``: runs a function while Dynamo traces, nothing at run time."""
+    try:
+        from torch._dynamo.comptime import comptime
+    except Exception:  # noqa: BLE001 - no Dynamo: compiled optimizer steps stay unseen
+        return None
+    return comptime
+
+
+def _traced_optimizer_step(ctx: Any = None) -> None:
+    """Dynamo is tracing an optimizer step into the graph of the current compiled call."""
+    frame = TLS.compiled
+    if frame is not None:
+        frame.traced += 1
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -144,10 +163,13 @@ def optimizer_hooks(
     """Global optimizer step (pre, post) hooks feeding ``tracker``.
 
     Under Dynamo tracing they return at once: Python side effects in a traced hook
-    would be guarded on and recompile every call (``torch.md`` §1.2).
+    would be guarded on and recompile every call (``torch.md`` §1.2). The post-hook
+    first notes, at trace time only (``comptime``), that an optimizer step is being
+    compiled into the graph of the current compiled call (:func:`compiled_function`).
     """
     clock = tracker.clock
     is_compiling = _is_compiling_fn()
+    comptime = _comptime()
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         if not GATE.on or is_compiling():
@@ -155,7 +177,11 @@ def optimizer_hooks(
         TLS.opt_start_ns = clock()
 
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not GATE.on or is_compiling():
+        if not GATE.on:
+            return
+        if is_compiling():
+            if comptime is not None:
+                comptime(_traced_optimizer_step)
             return
         now = clock()
         try:
@@ -259,6 +285,78 @@ def engine_step(tracker: StepTracker, sink: Sink, counter: str) -> Callable[[Any
     return factory
 
 
+class _CompiledCall:
+    """One outermost call of a compiled function: optimizer steps traced during it."""
+
+    __slots__ = ("traced",)
+
+    def __init__(self) -> None:
+        self.traced = 0
+
+
+def compiled_function(fn: AnyFn, tracker: StepTracker, sink: Sink) -> AnyFn:
+    """Wraps what ``torch.compile(fn)`` returned: its calls feed the ``compiled`` rule.
+
+    While Dynamo compiles ``fn`` (inside a call), the optimizer post-hook counts the
+    optimizer steps traced into its graphs; those steps run inside the graph without
+    hooks, so each later call reports them to ``tracker`` at its end. Attributes of
+    the compiled callable are kept (``functools.wraps``).
+    """
+    traced = [0]
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not GATE.on or TLS.compiled is not None:
+            return fn(*args, **kwargs)
+        frame = _CompiledCall()
+        TLS.compiled = frame
+        try:
+            tracker.compiled_begin()
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            sink.error("torch.compile.call", exc)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TLS.compiled = None
+            try:
+                if frame.traced:  # (re)compiled during this call
+                    traced[0] = frame.traced
+                tracker.compiled_end(id(call), traced[0])
+            except Exception as exc:  # noqa: BLE001 - never raise into the host
+                sink.error("torch.compile.call", exc)
+
+    return dynamo_skip(call)
+
+
+def torch_compile(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
+    """``torch.compile``: compiled functions (not modules) get :func:`compiled_function`.
+
+    The decorator form (``torch.compile(backend=...)``) calls ``torch.compile`` again
+    with the function, so it is covered too. Modules are returned untouched: an
+    optimizer step inside ``forward`` is not a pattern to support.
+    """
+
+    def factory(wrapped: AnyFn) -> AnyFn:
+        @functools.wraps(wrapped)
+        def compile_(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+            compiled = wrapped(model, *args, **kwargs)
+            if model is None or not GATE.on:
+                return compiled
+            try:
+                import torch
+
+                if isinstance(model, torch.nn.Module) or not callable(compiled):
+                    return compiled
+                return compiled_function(compiled, tracker, sink)
+            except Exception as exc:  # noqa: BLE001 - never raise into the host
+                sink.error("torch.compile", exc)
+                return compiled
+
+        return dynamo_skip(compile_)
+
+    return factory
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -282,13 +380,61 @@ def dataloader_next(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn
                 TLS.data_depth = 0
             end = clock()
             try:
-                samples, tokens = infer_batch(batch)
+                # Inside a fetch-ahead loader the batch counts when it is handed over.
+                samples, tokens = (None, None) if TLS.consumer_depth else infer_batch(batch)
                 tracker.data_wait(start, end, samples, tokens)
             except Exception as exc:  # noqa: BLE001 - never raise into the host
                 sink.error("torch.DataLoader.__next__", exc)
             return batch
 
         return dynamo_skip(__next__)
+
+    return factory
+
+
+def _handed_over(it: Iterator[Any], tracker: StepTracker, sink: Sink) -> Iterator[Any]:
+    """Yields ``it``'s batches; each counts (samples, tokens) as it is handed to the loop.
+
+    Fetches made while ``it`` runs (its look-ahead) record their wait but no sizes.
+    """
+    try:
+        while True:
+            TLS.consumer_depth += 1
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                TLS.consumer_depth -= 1
+            if GATE.on:
+                try:
+                    samples, tokens = infer_batch(batch)
+                    tracker.batch_consumed(samples, tokens)
+                except Exception as exc:  # noqa: BLE001 - never raise into the host
+                    sink.error("torch.fetch_ahead_loader", exc)
+            yield batch
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def fetch_ahead_iter(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
+    """``__iter__`` of a loader that fetches one batch ahead (accelerate's
+    ``DataLoaderShard``/``DataLoaderDispatcher``): samples and tokens count when a batch is
+    handed to the loop, so a prefetched batch never trained on (``max_steps`` reached
+    mid-epoch) is not counted, and each step gets its own batches' sizes."""
+
+    def factory(wrapped: AnyFn) -> AnyFn:
+        dynamo_skip(_handed_over)  # here, not at import: that would import torch
+
+        @functools.wraps(wrapped)
+        def __iter__(self: Any) -> Iterator[Any]:
+            if not GATE.on:
+                return wrapped(self)  # type: ignore[no-any-return]
+            return _handed_over(wrapped(self), tracker, sink)
+
+        return dynamo_skip(__iter__)
 
     return factory
 

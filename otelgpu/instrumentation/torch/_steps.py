@@ -1,55 +1,101 @@
 """Training-step detection: turns hook events into step boundaries.
 
 This module imports nothing from torch, so its rules are testable with any event
-sequence. The instrumentation hooks (``_hooks.py``) feed it; a callback receives one
+sequence. The instrumentation hooks (``_patch.py``) feed it; a callback receives one
 :class:`StepRecord` per detected step.
 
-The rule (verified in ``/work/shared/reference/torch.md`` §1.4):
+Rules (which one is in force is :attr:`StepTracker.rule`, logged once when it is decided
+or changes, and carried by every step span as ``otelgpu.train.step.rule``):
 
-* A *step* (one training iteration) ends at the post-hook of the **anchor** optimizer:
-  the least frequently stepping optimizer among the last ``window`` optimizer steps; on a
-  tie, the one that stepped most recently. One optimizer: every step. Gradient
-  accumulation: the optimizer steps once per N backward calls. GAN (D and G): G anchors.
-  WGAN with ``n_critic=5``: G anchors after one transient. Nested optimizers (ZeRO
-  wrappers, the inner one fires first): the outer one wins the tie.
+* ``optimizer`` -- a step (one training iteration) ends at the post-hook of the
+  **anchor** optimizer: the least frequently stepping optimizer among the last ``window``
+  optimizer steps; on a tie, the one that stepped most recently (``torch.md`` §1.4). One
+  optimizer: every step. Gradient accumulation: the optimizer steps once per N backward
+  calls. GAN (D and G): G anchors. WGAN with ``n_critic=5``: G anchors. Nested optimizers
+  (ZeRO wrappers, the inner one fires first): the outer one wins the tie.
+* ``step_optimizer`` -- an explicit optimizer (its ``id()``) defines steps.
+* ``compiled`` -- the optimizer step is compiled into a ``torch.compile``d function
+  (Dynamo runs no global optimizer hook inside a graph): the hooks layer sees the
+  optimizer steps traced into the function while it compiles, and each later call of it
+  counts as those optimizer steps at the call's end, keyed by the function
+  (:meth:`compiled_end`). The anchor rule then applies as above; ``compiled`` is reported
+  when the anchor is such a function (a compiled train step: one step per call).
+* ``backward`` -- no optimizer hook at all (an optimizer not derived from
+  ``torch.optim.Optimizer``, or a compiled step whose compilation could not be seen):
+  every outermost backward call ends a step, once ``backward_only_after`` of them came
+  without an optimizer step. An optimizer hook switches back to ``optimizer``.
+* ``engine`` -- engines that know their own step (DeepSpeed's ``engine.step``) bracket
+  their work with :meth:`engine_begin`/:meth:`engine_end`; optimizer hooks inside count.
+
+**Warm-up.** The anchor cannot be known from the first optimizer steps (a WGAN's critic
+steps five times before the generator's first step). Until the rule is decided, closed
+pieces of work (*segments*: up to an optimizer step, or a backward call while no
+optimizer stepped yet) are buffered and nothing is emitted. The rule is decided when the
+anchor has stepped twice among at least ``warmup`` optimizer steps (16, or ``window`` if
+smaller), after ``backward_only_after`` backward calls without one, or -- with the best
+rule known then -- when ``max_segments`` segments or ``max_warmup_ns`` of time are
+buffered, and at :meth:`flush`. The buffered segments are then cut into steps by that
+rule and emitted with their own times: the first step is right from the first iteration.
+
+Other details:
+
 * Micro-batches are ``torch.autograd.backward`` calls since the previous step.
 * A GradScaler-skipped step fires no optimizer hooks; the hooks layer reports it via
   :meth:`StepTracker.optimizer_step` with ``skipped=True``, so it still counts.
-* Repeated firings of the anchor with no backward call in between (an engine stepping its
-  optimizer once per parameter sub-group) are absorbed into the same step: a step's end
-  is therefore *pending* until the next backward, data fetch, collective or checkpoint
-  begins (or :meth:`flush`), and the span is emitted then, with its original end time.
-* Engines that know their own step (DeepSpeed's ``engine.step``) bracket their work with
-  :meth:`engine_begin`/:meth:`engine_end`; optimizer hooks inside only count.
-* Several optimizers stepping back to back after one backward (encoder/decoder
-  optimizers, nested wrappers, optimizer-in-backward with one optimizer per parameter)
-  are absorbed by the same rule: one step per iteration, ``optimizer_steps`` counts them.
-* An explicit ``step_optimizer`` (its ``id()``) overrides the anchor rule.
-* No optimizer hook at all after ``backward_only_after`` backward calls (an optimizer
-  step compiled inside a ``torch.compile``d train step — Dynamo does not run global
-  optimizer hooks there — or an optimizer not derived from ``torch.optim.Optimizer``):
-  every backward call ends a step, until an optimizer hook is seen again. The calls
-  before the switch form one step.
+* Repeated firings with no work in between (an engine stepping its optimizer once per
+  parameter sub-group, several optimizers stepped back to back after one backward) are
+  absorbed into the same step: a step's end is therefore *pending* until the next
+  backward, data fetch or optimizer step begins (or :meth:`flush`), and the span is
+  emitted then, with its original end time.
+* Work after the last step that is no step (the final checkpoint save, a closing
+  collective) is attached to the last step at :meth:`flush`: its end moves to the end
+  of that work. Batches fetched but never trained on are not counted there.
+* Samples and tokens come from the batches fetched (or, for loaders that fetch ahead,
+  handed to the loop: :meth:`batch_consumed`) during the step, unless given explicitly.
 
 Clock: integer nanoseconds from an injectable ``clock`` (default: ``time.perf_counter_ns``
 shifted onto the ``time.time_ns`` epoch once, so values are monotonic *and* comparable
 with the GPU sampler's timestamps).
 
 Thread-safety: every method takes one short lock; the callback runs outside it. Costs:
-about 1-2 µs per event in CPython.
+about 1-2 µs per event in CPython; memory bounded by ``max_segments`` and ``window``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Clock", "StepRecord", "StepTracker", "epoch_clock"]
+__all__ = ["RULES", "Clock", "StepRecord", "StepTracker", "epoch_clock"]
+
+_logger = logging.getLogger("otelgpu.torch")
+
+RULE_OPTIMIZER = "optimizer"
+RULE_STEP_OPTIMIZER = "step_optimizer"
+RULE_COMPILED = "compiled"
+RULE_BACKWARD = "backward"
+RULE_ENGINE = "engine"
+RULES = (RULE_OPTIMIZER, RULE_STEP_OPTIMIZER, RULE_COMPILED, RULE_BACKWARD, RULE_ENGINE)
+"""Step rules (see the module docstring); ``otelgpu.train.step.rule`` takes these values."""
+
+_RULE_TEXT = {
+    RULE_OPTIMIZER: "at the least frequently stepping optimizer's step",
+    RULE_STEP_OPTIMIZER: "at the step of the optimizer given as step_optimizer",
+    RULE_COMPILED: (
+        "at the end of each call of the torch.compile'd function that steps the optimizer"
+    ),
+    RULE_BACKWARD: "at each backward call (no optimizer step hook fired)",
+    RULE_ENGINE: "at the engine's own step (DeepSpeed)",
+}
+
+_BACKWARD_MARK = "backward"
 
 Clock = Callable[[], int]
+Records = Sequence["StepRecord"]
 
 
 def epoch_clock() -> Clock:
@@ -88,6 +134,7 @@ class StepRecord:
     tokens: int | None = None
     events: list[tuple[str, int, dict[str, object]]] = field(default_factory=list)
     probe: object = None
+    rule: str = ""
 
     @property
     def duration_ns(self) -> int:
@@ -107,7 +154,7 @@ class StepRecord:
 
 
 class _Accum:
-    """Mutable accumulators of the step in progress."""
+    """Mutable accumulators of the step (or warm-up segment) in progress."""
 
     __slots__ = (
         "checkpoint_ns",
@@ -115,17 +162,20 @@ class _Accum:
         "comm_ns",
         "data_fetches",
         "data_ns",
+        "end_ns",
         "events",
         "explicit_samples",
         "explicit_tokens",
         "inferred_samples",
         "inferred_tokens",
         "loader_startup_ns",
+        "marks",
         "micro_batches",
         "optimizer_ns",
         "optimizer_steps",
         "probe",
         "skipped",
+        "tail_end_ns",
     )
 
     def __init__(self) -> None:
@@ -145,6 +195,38 @@ class _Accum:
         self.inferred_tokens: int | None = None
         self.events: list[tuple[str, int, dict[str, object]]] = []
         self.probe: object = None
+        self.end_ns = 0
+        self.tail_end_ns = 0
+        self.marks: tuple[object, ...] = ()
+
+    def absorb_earlier(self, earlier: _Accum) -> None:
+        """Adds ``earlier`` (the work just before this) into this accumulator."""
+        self.optimizer_steps += earlier.optimizer_steps
+        self.skipped += earlier.skipped
+        self.micro_batches += earlier.micro_batches
+        self.data_ns += earlier.data_ns
+        self.data_fetches += earlier.data_fetches
+        self.loader_startup_ns += earlier.loader_startup_ns
+        self.comm_ns += earlier.comm_ns
+        for op, ns in earlier.comm_by_op.items():
+            self.comm_by_op[op] = self.comm_by_op.get(op, 0) + ns
+        self.checkpoint_ns += earlier.checkpoint_ns
+        self.optimizer_ns += earlier.optimizer_ns
+        self.explicit_samples = _add(earlier.explicit_samples, self.explicit_samples)
+        self.explicit_tokens = _add(earlier.explicit_tokens, self.explicit_tokens)
+        self.inferred_samples = _add(earlier.inferred_samples, self.inferred_samples)
+        self.inferred_tokens = _add(earlier.inferred_tokens, self.inferred_tokens)
+        if earlier.events:
+            self.events = (earlier.events + self.events)[-16:]
+        if self.probe is None:
+            self.probe = earlier.probe
+        self.end_ns = max(self.end_ns, earlier.end_ns)
+        self.tail_end_ns = max(self.tail_end_ns, earlier.tail_end_ns)
+
+    @property
+    def trains(self) -> bool:
+        """True when this work includes a backward call or an optimizer step."""
+        return bool(self.micro_batches or self.optimizer_steps)
 
 
 def _add(total: int | None, value: int | None) -> int | None:
@@ -166,9 +248,13 @@ class StepTracker:
             the anchor rule), or ``None``.
         backward_only_after: backward calls without any optimizer step after which
             each backward call ends a step.
-        probe: called (outside the lock) the moment a step closes; its result is kept
-            as :attr:`StepRecord.probe` (e.g. allocator statistics at the step's end,
-            before the next forward allocates activations). Exceptions propagate.
+        warmup: optimizer steps seen before the anchor rule is decided (at most ``window``).
+        max_segments: warm-up segments buffered at most before a rule is forced.
+        max_warmup_ns: warm-up time (ns) after which a rule is forced (the GPU sampler's
+            history must still cover the first steps when they are emitted).
+        probe: called (outside the lock) the moment a step or segment closes; its result
+            is kept as :attr:`StepRecord.probe` (e.g. allocator statistics at the step's
+            end, before the next forward allocates activations). Exceptions propagate.
     """
 
     def __init__(
@@ -179,11 +265,14 @@ class StepTracker:
         window: int = 64,
         step_optimizer: int | None = None,
         backward_only_after: int = 32,
+        warmup: int = 16,
+        max_segments: int = 128,
+        max_warmup_ns: int = 60_000_000_000,
         probe: Callable[[], object] | None = None,
     ) -> None:
         self._emit = emit
         self.probe = probe
-        self._probe_due = False
+        self._probe_target: _Accum | None = None
         self.clock: Clock = clock if clock is not None else epoch_clock()
         self._lock = threading.Lock()
         self._window: deque[int] = deque(maxlen=window)
@@ -195,15 +284,25 @@ class StepTracker:
         self._start_ns: int | None = None
         self._acc = _Accum()
         self._pending: tuple[int, _Accum] | None = None  # (end_ns, accumulators)
+        self._segments: list[_Accum] = []
+        self._rule: str | None = RULE_STEP_OPTIMIZER if step_optimizer is not None else None
+        self._announce: str | None = None
+        self._warmup = max(1, min(warmup, window))
+        self._max_segments = max_segments
+        self._max_warmup_ns = max_warmup_ns
         self._backward_depth = 0
         self._backward_seen = False
-        self._pending_absorbs = False
+        self._absorbing = False
         self._backward_only_after = backward_only_after
         self._backwards_without_optimizer = 0
-        self.backward_only = False
         self._engine_depth = 0
         self._engine_posts = 0
+        self._compiled_depth = 0
+        self._compiled_opt_before = 0
+        self._compiled_keys: set[int] = set()
+        self._announced: str | None = None
         self.total_optimizer_steps = 0
+        self.compiled_optimizer_steps = 0
 
     # -- properties -------------------------------------------------------------------
 
@@ -211,6 +310,16 @@ class StepTracker:
     def steps(self) -> int:
         """Number of steps emitted so far (the pending one excluded)."""
         return self._steps
+
+    @property
+    def rule(self) -> str | None:
+        """The step rule in force (one of :data:`RULES`); None while warming up."""
+        return self._rule
+
+    @property
+    def backward_only(self) -> bool:
+        """True while every backward call ends a step (rule ``backward``)."""
+        return self._rule == RULE_BACKWARD
 
     def anchor(self) -> int | None:
         """``id()`` of the optimizer that currently defines step ends, if any."""
@@ -229,7 +338,6 @@ class StepTracker:
     def backward_begin(self, now_ns: int | None = None) -> None:
         """An outermost ``torch.autograd.backward`` call begins: one micro-batch."""
         t = self.clock() if now_ns is None else now_ns
-        done = None
         with self._lock:
             done = self._settle_locked()
             if self._start_ns is None:
@@ -243,15 +351,18 @@ class StepTracker:
     def backward_end(self, now_ns: int | None = None) -> None:
         """The outermost ``torch.autograd.backward`` call returned (or raised)."""
         t = self.clock() if now_ns is None else now_ns
+        done: Records = ()
         with self._lock:
             self._backward_depth = max(0, self._backward_depth - 1)
-            if self._backward_depth or self.total_optimizer_steps:
+            if self._backward_depth or self.total_optimizer_steps or self._engine_depth:
                 return
             self._backwards_without_optimizer += 1
-            if self._backwards_without_optimizer >= self._backward_only_after:
-                self.backward_only = True
-            if self.backward_only and self._engine_depth == 0:
+            if self._rule is None:
+                self._close_segment_locked(t, _BACKWARD_MARK)
+                done = self._try_decide_locked(t)
+            elif self._rule == RULE_BACKWARD:
                 self._close_locked(t)
+        self._deliver(done)
         self._run_probe()
 
     def optimizer_step(
@@ -261,6 +372,7 @@ class StepTracker:
         *,
         skipped: bool = False,
         duration_ns: int = 0,
+        count: int = 1,
     ) -> None:
         """An optimizer finished ``step()`` (post-hook), or a scaler skipped it.
 
@@ -269,40 +381,68 @@ class StepTracker:
             now_ns: end time of the optimizer step.
             skipped: True when GradScaler skipped the update (no hooks fired).
             duration_ns: time spent inside ``optimizer.step`` (0 when unknown).
+            count: optimizer steps this firing stands for (a compiled call: several).
         """
         t = self.clock() if now_ns is None else now_ns
         with self._lock:
-            self.total_optimizer_steps += 1
-            self.backward_only = False
+            self.total_optimizer_steps += count
             if self._start_ns is None and self._pending is None:
                 self._start_ns = t - duration_ns
-            pending = self._pending
-            if (
-                pending is not None
-                and self._pending_absorbs
-                and self._backward_seen
-                and self._engine_depth == 0
-            ):
-                # A repeated firing with no backward in between: same step.
-                acc = pending[1]
-                acc.optimizer_steps += 1
-                acc.skipped += skipped
-                acc.optimizer_ns += duration_ns
-                self._pending = (t, acc)
+            if self._engine_depth == 0 and self._rule == RULE_BACKWARD:
+                self._set_rule_locked(RULE_OPTIMIZER)  # an optimizer hook after all
+            if self._absorb_locked(key, t, skipped, duration_ns, count):
                 return
-            done = self._settle_locked()
+            done: Records = self._settle_locked()
             acc = self._acc
-            acc.optimizer_steps += 1
+            acc.optimizer_steps += count
             acc.skipped += skipped
             acc.optimizer_ns += duration_ns
             if self._engine_depth:
                 self._engine_posts += 1
             else:
                 self._observe_locked(key)
-                if self._is_boundary_locked(key):
+                if self._rule is None:
+                    self._close_segment_locked(t, ("opt", key))
+                    self._absorbing = True
+                    done = (*done, *self._try_decide_locked(t))
+                elif self._is_boundary_locked(key):
                     self._close_locked(t)
         self._deliver(done)
         self._run_probe()
+
+    def compiled_begin(self) -> None:
+        """An outermost call of a ``torch.compile``d function begins."""
+        with self._lock:
+            self._compiled_depth += 1
+            if self._compiled_depth == 1:
+                self._compiled_opt_before = self.total_optimizer_steps
+
+    def compiled_end(
+        self, key: int, traced_optimizer_steps: int, now_ns: int | None = None
+    ) -> None:
+        """That call returned (or raised).
+
+        When optimizer steps were traced into the function (Dynamo runs no optimizer
+        hook inside a graph) and no hook fired during the call, the call's end counts
+        as those optimizer steps, keyed by the function (rule ``compiled``).
+
+        Args:
+            key: ``id()`` of the compiled function.
+            traced_optimizer_steps: optimizer steps traced into its graphs; 0 if unknown.
+            now_ns: end time.
+        """
+        t = self.clock() if now_ns is None else now_ns
+        with self._lock:
+            self._compiled_depth = max(0, self._compiled_depth - 1)
+            if (
+                self._compiled_depth
+                or traced_optimizer_steps <= 0
+                or self.total_optimizer_steps != self._compiled_opt_before
+            ):
+                return
+            self._compiled_keys.add(key)
+            self.compiled_optimizer_steps += traced_optimizer_steps
+        self.optimizer_step(key, t, count=traced_optimizer_steps)
 
     def engine_begin(self) -> None:
         """An engine's own ``step()`` begins (DeepSpeed): hooks inside only count."""
@@ -320,6 +460,7 @@ class StepTracker:
             now_ns: end time.
         """
         t = self.clock() if now_ns is None else now_ns
+        done: Records = ()
         with self._lock:
             self._engine_depth = max(0, self._engine_depth - 1)
             if self._engine_depth:
@@ -329,9 +470,15 @@ class StepTracker:
             if stepped:
                 if self._start_ns is None:
                     self._start_ns = t
+                for segment in reversed(self._segments):  # warm-up work: this step's
+                    self._acc.absorb_earlier(segment)
+                self._segments.clear()
+                self._set_rule_locked(RULE_ENGINE)
+                done = self._settle_locked()
                 self._close_locked(t)
                 # The engine knows its boundary: never absorb further firings into it.
-                self._pending_absorbs = False
+                self._absorbing = False
+        self._deliver(done)
         self._run_probe()
 
     def data_wait(
@@ -353,6 +500,16 @@ class StepTracker:
             acc.inferred_tokens = _add(acc.inferred_tokens, tokens)
         self._deliver(done)
 
+    def batch_consumed(self, samples: int | None, tokens: int | None) -> None:
+        """A batch was handed to the loop by a loader that fetches ahead (its fetch was
+        reported by :meth:`data_wait` without sizes): its samples count now."""
+        with self._lock:
+            done = self._settle_locked()
+            acc = self._acc
+            acc.inferred_samples = _add(acc.inferred_samples, samples)
+            acc.inferred_tokens = _add(acc.inferred_tokens, tokens)
+        self._deliver(done)
+
     def loader_startup(self, start_ns: int, end_ns: int) -> None:
         """``iter(DataLoader)`` took ``end - start`` ns (worker start-up, first prefetch)."""
         with self._lock:
@@ -363,25 +520,29 @@ class StepTracker:
         self._deliver(done)
 
     def comm_wait(self, op: str, start_ns: int, end_ns: int) -> None:
-        """The host blocked ``end - start`` ns in collective ``op`` (outermost call)."""
+        """The host blocked ``end - start`` ns in collective ``op`` (outermost call).
+
+        It belongs to the step in progress; it does not end a pending one, so a closing
+        collective after the last step can still be attached to it at :meth:`flush`.
+        """
         with self._lock:
-            done = self._settle_locked() if self._start_after_pending(start_ns) else None
+            self._absorbing = False
             if self._start_ns is None:
                 self._start_ns = start_ns
             acc = self._acc
             d = end_ns - start_ns
             acc.comm_ns += d
             acc.comm_by_op[op] = acc.comm_by_op.get(op, 0) + d
-        self._deliver(done)
+            acc.tail_end_ns = max(acc.tail_end_ns, end_ns)
 
     def checkpoint(self, start_ns: int, end_ns: int) -> None:
-        """A checkpoint save blocked the loop for ``end - start`` ns."""
+        """A checkpoint save blocked the loop for ``end - start`` ns (see :meth:`comm_wait`)."""
         with self._lock:
-            done = self._settle_locked() if self._start_after_pending(start_ns) else None
+            self._absorbing = False
             if self._start_ns is None:
                 self._start_ns = start_ns
             self._acc.checkpoint_ns += end_ns - start_ns
-        self._deliver(done)
+            self._acc.tail_end_ns = max(self._acc.tail_end_ns, end_ns)
 
     def add_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
         """User-given batch size: replaces inferred values for the step in progress."""
@@ -400,15 +561,50 @@ class StepTracker:
             del self._acc.events[:-16]  # bounded: a storm of events keeps the last 16
 
     def flush(self) -> None:
-        """Emits the pending step, if any (end of training, uninstrument, exit)."""
+        """Emits what is buffered or pending (end of training, uninstrument, exit).
+
+        Decides the rule if still warming up; work after the last step that trained
+        nothing (a final checkpoint save) is attached to the last step.
+        """
         with self._lock:
-            done = self._settle_locked()
+            done: Records = ()
+            if self._rule is None and self._segments:
+                done = self._decide_locked(self._best_rule_locked())
+            pending = self._pending
+            tail = self._acc
+            if pending is not None and not tail.trains and tail.tail_end_ns > pending[0]:
+                # Fetched batches never trained on are not the last step's samples.
+                tail.inferred_samples = tail.inferred_tokens = None
+                acc = pending[1]
+                events = acc.events + tail.events
+                tail.events = []
+                acc.absorb_earlier(tail)  # sums; ``acc`` keeps its probe (taken at its end)
+                acc.events = events[-16:]
+                self._pending = (tail.tail_end_ns, acc)
+                self._acc = _Accum()
+            done = (*done, *self._settle_locked())
         self._deliver(done)
 
     # -- internals (lock held) ---------------------------------------------------------
 
-    def _start_after_pending(self, start_ns: int) -> bool:
-        return self._pending is not None and start_ns >= self._pending[0]
+    def _absorb_locked(self, key: int, t: int, skipped: bool, duration_ns: int, count: int) -> bool:
+        """A repeated firing with no work since the last close joins that close."""
+        if not (self._absorbing and self._backward_seen and self._engine_depth == 0):
+            return False
+        if self._pending is not None:
+            acc = self._pending[1]
+        elif self._rule is None and self._segments:
+            acc = self._segments[-1]
+        else:
+            return False
+        acc.optimizer_steps += count
+        acc.skipped += skipped
+        acc.optimizer_ns += duration_ns
+        acc.marks += (("opt", key),)
+        acc.end_ns = t
+        if self._pending is not None:
+            self._pending = (t, acc)
+        return True
 
     def _observe_locked(self, key: int) -> None:
         window = self._window
@@ -441,55 +637,139 @@ class StepTracker:
             return key == self.step_optimizer
         return self._anchor_locked() == key
 
+    def _set_rule_locked(self, rule: str) -> None:
+        self._rule = rule
+
     def _close_locked(self, end_ns: int) -> None:
         """Ends the step in progress at ``end_ns``; it stays pending until settled."""
-        self._pending = (end_ns, self._acc)
-        self._probe_due = self.probe is not None
+        acc = self._acc
+        acc.end_ns = end_ns
+        self._pending = (end_ns, acc)
+        self._probe_target = acc if self.probe is not None else None
         self._acc = _Accum()
         # Until the next step's work begins, further optimizer firings belong here.
-        self._pending_absorbs = True
+        self._absorbing = True
 
-    def _settle_locked(self) -> StepRecord | None:
+    def _close_segment_locked(self, end_ns: int, mark: object) -> None:
+        """Warm-up: ends the segment in progress at ``end_ns`` and buffers it."""
+        acc = self._acc
+        acc.end_ns = end_ns
+        acc.marks += (mark,)
+        self._segments.append(acc)
+        self._probe_target = acc if self.probe is not None else None
+        self._acc = _Accum()
+        self._absorbing = False
+
+    def _best_rule_locked(self) -> str:
+        return RULE_OPTIMIZER if self.total_optimizer_steps else RULE_BACKWARD
+
+    def _effective_rule_locked(self) -> str:
+        """The rule as reported: ``compiled`` when the anchor is a compiled function."""
+        rule = self._rule or ""
+        if rule == RULE_OPTIMIZER and self._anchor_locked() in self._compiled_keys:
+            return RULE_COMPILED
+        return rule
+
+    def _try_decide_locked(self, now_ns: int) -> Records:
+        """Warm-up: decides the rule when the evidence suffices (or the buffer is full)."""
+        segments = self._segments
+        forced = len(segments) >= self._max_segments or (
+            self._start_ns is not None and now_ns - self._start_ns >= self._max_warmup_ns
+        )
+        if self.total_optimizer_steps:
+            anchor = self._anchor_locked()
+            seen = sum(self._counts.values())
+            if forced or (
+                anchor is not None and self._counts[anchor] >= 2 and seen >= self._warmup
+            ):
+                return self._decide_locked(RULE_OPTIMIZER)
+        elif forced or self._backwards_without_optimizer >= self._backward_only_after:
+            return self._decide_locked(RULE_BACKWARD)
+        return []
+
+    def _decide_locked(self, rule: str) -> list[StepRecord]:
+        """Cuts the buffered segments into steps by ``rule``; returns the finished ones.
+
+        The last step stays pending (it may still absorb firings); work after it joins
+        the step in progress.
+        """
+        self._set_rule_locked(rule)
+        anchor = self._anchor_locked()
+        boundary: object = ("opt", anchor) if rule == RULE_OPTIMIZER else _BACKWARD_MARK
+        done: list[StepRecord] = []
+        absorbing = self._absorbing
+        current: _Accum | None = None
+        for segment in self._segments:
+            if current is not None:
+                segment.absorb_earlier(current)
+            current = segment
+            if boundary in segment.marks:
+                done.extend(self._settle_locked())
+                self._pending = (segment.end_ns, segment)
+                current = None
+        self._segments.clear()
+        if current is not None:
+            self._acc.absorb_earlier(current)
+        # Firings right after the deciding one (no work since) still join its step.
+        self._absorbing = absorbing and current is None
+        return done
+
+    def _settle_locked(self) -> Records:
         """Finalises the pending step (called when the next step's work begins)."""
+        self._absorbing = False
         if self._pending is None:
-            return None
+            return ()
         end_ns, acc = self._pending
         self._pending = None
         start = self._start_ns if self._start_ns is not None else end_ns
         self._start_ns = end_ns
         self._steps += 1
+        rule = self._rule or ""
+        if rule == RULE_OPTIMIZER and self._compiled_keys:
+            rule = self._effective_rule_locked()
+        if rule != self._announced:
+            self._announced = self._announce = rule
         samples = acc.explicit_samples if acc.explicit_samples is not None else acc.inferred_samples
         tokens = acc.explicit_tokens if acc.explicit_tokens is not None else acc.inferred_tokens
-        return StepRecord(
-            step=self._steps,
-            start_ns=start,
-            end_ns=end_ns,
-            optimizer_steps=acc.optimizer_steps,
-            skipped_optimizer_steps=acc.skipped,
-            micro_batches=acc.micro_batches,
-            data_wait_ns=acc.data_ns,
-            data_fetches=acc.data_fetches,
-            loader_startup_ns=acc.loader_startup_ns,
-            comm_wait_ns=acc.comm_ns,
-            comm_wait_by_op_ns=acc.comm_by_op,
-            checkpoint_ns=acc.checkpoint_ns,
-            optimizer_ns=acc.optimizer_ns,
-            samples=samples,
-            tokens=tokens,
-            events=acc.events,
-            probe=acc.probe,
-        )
+        return [
+            StepRecord(
+                step=self._steps,
+                start_ns=start,
+                end_ns=end_ns,
+                optimizer_steps=acc.optimizer_steps,
+                skipped_optimizer_steps=acc.skipped,
+                micro_batches=acc.micro_batches,
+                data_wait_ns=acc.data_ns,
+                data_fetches=acc.data_fetches,
+                loader_startup_ns=acc.loader_startup_ns,
+                comm_wait_ns=acc.comm_ns,
+                comm_wait_by_op_ns=acc.comm_by_op,
+                checkpoint_ns=acc.checkpoint_ns,
+                optimizer_ns=acc.optimizer_ns,
+                samples=samples,
+                tokens=tokens,
+                events=acc.events,
+                probe=acc.probe,
+                rule=rule,
+            )
+        ]
 
     def _run_probe(self) -> None:
-        """Runs the probe for a step that just closed (lock not held)."""
-        if not self._probe_due or self.probe is None:
+        """Runs the probe for a step or segment that just closed (lock not held)."""
+        target = self._probe_target
+        if target is None or self.probe is None:
             return
-        self._probe_due = False
+        self._probe_target = None
         value = self.probe()
         with self._lock:
-            if self._pending is not None:
-                self._pending[1].probe = value
+            target.probe = value
 
-    def _deliver(self, record: StepRecord | None) -> None:
-        if record is not None:
+    def _deliver(self, records: Records) -> None:
+        if not records:
+            return
+        announce = self._announce
+        if announce is not None:
+            self._announce = None
+            _logger.info("otelgpu torch: training steps end %s", _RULE_TEXT.get(announce, announce))
+        for record in records:
             self._emit(record)

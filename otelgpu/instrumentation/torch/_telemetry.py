@@ -39,13 +39,14 @@ from opentelemetry.trace import INVALID_SPAN
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch import _steps
 from otelgpu.instrumentation.torch._cuda_events import PENDING_LIMIT, CudaEventTimer, Resolved
+from otelgpu.instrumentation.torch._devices import StepDevices
 from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
 from otelgpu.metrics import catalog as C
 from otelgpu.metrics.spec import MetricSpec
 from otelgpu.runtime.api import RuntimeAPI
 from otelgpu.runtime.records import StepRecord
 
-__all__ = ["RATIO_WINDOW", "Telemetry"]
+__all__ = ["RATIO_WINDOW", "StepProbe", "Telemetry"]
 
 
 def _current_runtime() -> RuntimeAPI | None:
@@ -97,14 +98,41 @@ class _Gauge:
         self._arg = arg
 
     def __call__(self, _options: CallbackOptions) -> Iterable[Observation]:
+        # An uninstrumented owner still reports its final values: ``shutdown()``
+        # uninstruments the frameworks before the runtime's final collection.
         owner = self._owner()
-        if owner is None or not owner.enabled:
+        if owner is None or owner.forked:
             return []
         try:
             return getattr(owner, self._method)(self._arg)  # type: ignore[no-any-return]
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             owner.error("torch.metrics." + self._method, exc)
             return []
+
+
+class StepProbe:
+    """What the tracker's probe took when a step closed: allocator statistics
+    ``(snapshot, new OOMs, new retries)`` or None, and a CUDA step-end event or None."""
+
+    __slots__ = ("gpu_event", "memory")
+
+    def __init__(self, memory: tuple[MemorySnapshot, int, int] | None, gpu_event: Any) -> None:
+        self.memory = memory
+        self.gpu_event = gpu_event
+
+
+_gauge_owner: weakref.ref[Telemetry] | None = None
+_gauge_owner_lock = threading.Lock()
+
+
+def _retire_previous_gauges(new: Telemetry) -> None:
+    """Removes the gauge callbacks of the previous (closed) Telemetry, if another."""
+    global _gauge_owner
+    with _gauge_owner_lock:
+        previous = _gauge_owner() if _gauge_owner is not None else None
+        _gauge_owner = weakref.ref(new)
+    if previous is not None and previous is not new:
+        previous._remove_gauges()
 
 
 def _quantile(sorted_values: list[int], q: float) -> float:
@@ -150,6 +178,8 @@ class Telemetry:
         self._gauges: list[tuple[Any, _Gauge]] = []
         self.add_event: Callable[[str, dict[str, object]], None] | None = None
         self.enabled = True
+        self.forked = False  # a forked child's copy: reports nothing
+        self._devices: tuple[Any, StepDevices] | None = None
         self.steps_seen = 0
         self._queue: deque[_steps.StepRecord] = deque()
         self._dropped = 0
@@ -158,7 +188,6 @@ class Telemetry:
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         self.gpu_timer: CudaEventTimer | None = None
-        self.next_step: Callable[[], int] | None = None
         self._gpu_ops: deque[Resolved] = deque(maxlen=PENDING_LIMIT)
         self._gpu_steps: dict[int, float] = {}
 
@@ -183,6 +212,7 @@ class Telemetry:
             return inst
         inst = {m.name: rt.instrument(m) for m in C.TORCH_METRICS if not m.kind.observable}
         self._remove_gauges()
+        _retire_previous_gauges(self)
         self._gauges = [
             (rt.instrument(spec), _Gauge(self, method, arg)) for spec, method, arg in _GAUGES
         ]
@@ -258,6 +288,11 @@ class Telemetry:
         """
         if not self.enabled:
             return
+        probe = record.probe
+        if isinstance(probe, StepProbe) and probe.gpu_event is not None:
+            timer = self.gpu_timer
+            if timer is not None:  # in step order, before the drain that pairs it
+                timer.add_boundary(record.step, probe.gpu_event)
         queue = self._queue
         if len(queue) >= QUEUE_LIMIT:
             self._dropped += 1
@@ -360,7 +395,8 @@ class Telemetry:
             worker.join(timeout=2.0)
         self._worker = None
         self.drain()
-        self._remove_gauges()
+        # The gauges stay until another Telemetry takes over (their final values are
+        # the last collection's), see ``_retire_previous_gauges``.
 
     def _record_step(self, record: _steps.StepRecord) -> None:
         """One finished step: span (every ``span_every``), metrics, ratio ring."""
@@ -385,6 +421,7 @@ class Telemetry:
             N.SPAN_MICRO_BATCHES: record.micro_batches,
             N.SPAN_OPTIMIZER_STEPS: record.optimizer_steps,
             N.SPAN_SKIPPED: record.skipped,
+            N.SPAN_STEP_RULE: record.rule,
             N.SPAN_DATA_WAIT: record.data_wait_ns / 1e9,
             N.SPAN_COMM_WAIT: record.comm_wait_ns / 1e9,
             N.SPAN_COMPUTE: record.compute_ns / 1e9,
@@ -423,6 +460,7 @@ class Telemetry:
             samples=record.samples,
             tokens=record.tokens,
             span_attributes=fields,
+            devices=self._step_devices(rt, record.step),
         )
         if sampled:
             span = rt.start_step_span(step)
@@ -433,24 +471,48 @@ class Telemetry:
             span = INVALID_SPAN
         rt.finish_step(span, step)
 
-    def probe(self) -> tuple[MemorySnapshot, int, int] | None:
-        """Allocator statistics at the moment a step closes (the tracker's probe).
+    def _step_devices(self, rt: Any, step: int) -> list[str] | None:
+        """GPUs the step's GPU context covers (``step_devices``; None: every sampled GPU)."""
+        sampler = getattr(rt, "sampler", None)
+        if sampler is None:
+            return None  # no GPU context at all
+        resolver = self._devices
+        if resolver is None or resolver[0] is not rt:
+            setting = getattr(getattr(rt, "settings", None), "step_devices", "auto")
+            resolver = (
+                rt,
+                StepDevices(
+                    setting,
+                    sampler.devices,
+                    lambda message: self._error("torch.step_devices", ValueError(message)),
+                ),
+            )
+            self._devices = resolver
+        try:
+            return resolver[1].for_step(step)
+        except Exception as exc:  # noqa: BLE001 - GPU context is best effort
+            self._error("torch.step_devices", exc)
+            return []
 
-        With GPU step timing on, also records the step's end event (``_cuda_events``).
-        """
+    def probe(self) -> StepProbe | None:
+        """Allocator statistics (and, with GPU step timing, a CUDA end event) at the
+        moment a step -- or a warm-up segment that may end one -- closes (the tracker's
+        probe). The event is paired with its step number when the step is emitted."""
         if not self.enabled:
             return None
-        timer, next_step = self.gpu_timer, self.next_step
-        if timer is not None and timer.steps and next_step is not None:
+        event = None
+        timer = self.gpu_timer
+        if timer is not None and timer.steps:
             try:
-                timer.boundary(next_step())
+                event = timer.step_event()
             except Exception as exc:  # noqa: BLE001 - never raise into the host
                 self.error("torch.cuda_events.boundary", exc)
         if self.memory is None and self._memory_factory is not None:
             self.memory = self._memory_factory(self.oom)
             self._memory_factory = None
         reader = self.memory
-        return None if reader is None else reader.read()
+        memory = None if reader is None else reader.read()
+        return None if memory is None and event is None else StepProbe(memory, event)
 
     def _memory_fields(
         self,
@@ -459,8 +521,9 @@ class Telemetry:
         events: list[tuple[str, int, dict[str, object]]],
     ) -> MemorySnapshot | None:
         """Memory attributes for the span; OOM events get the allocator state added."""
-        got = record.probe
-        if not isinstance(got, tuple):
+        probe = record.probe
+        got = probe.memory if isinstance(probe, StepProbe) else None
+        if got is None:
             return None
         snap: MemorySnapshot = got[0]
         new_ooms: int = got[1]

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from otelgpu.report.model import Run
+from otelgpu.report.model import Record, Run
 
 QUANTILES = (0.5, 0.95, 0.99)
 
@@ -57,14 +57,19 @@ def is_number(value: Any) -> bool:
 # ---------------------------------------------------------------------- phases
 def phase_totals(run: Run) -> dict[str, float]:
     """Seconds per phase summed over the recorded step spans (``other`` = unexplained)."""
+    return phase_totals_of(run.steps)
+
+
+def phase_totals_of(steps: Sequence[Record]) -> dict[str, float]:
+    """:func:`phase_totals` of a list of step records; ``_duration`` = their total time."""
     totals: dict[str, float] = {}
     duration = 0.0
     split = any(
         k.startswith(PHASE_PREFIX) and k.split(".")[-1] in ("forward", "backward")
-        for r in run.steps[:50]
+        for r in steps[:50]
         for k in r.attributes
     )
-    for record in run.steps:
+    for record in steps:
         attrs = record.attributes
         seen: set[str] = set()
         explained = 0.0
@@ -94,9 +99,9 @@ def phase_totals(run: Run) -> dict[str, float]:
     return totals
 
 
-def phase_shares(run: Run) -> list[tuple[str, float, float]]:
+def phase_shares(run: Run | Sequence[Record]) -> list[tuple[str, float, float]]:
     """``(phase, total seconds, share of step time)``, largest first; empty without phases."""
-    totals = phase_totals(run)
+    totals = phase_totals_of(run.steps if isinstance(run, Run) else run)
     duration = totals.pop("_duration", 0.0)
     if not duration:
         return []

@@ -8,7 +8,10 @@ A shift counts only when it is larger than what the two estimates can be off by:
   is known to ``± z·sqrt(n·q·(1-q))`` (normal approximation of the order statistic,
   ``z`` = 2.58, 99 %), read off the sketch itself at the neighbouring ranks.
 
-Each run's quantile thus becomes an interval ``[Q(q-d)·(1-alpha), Q(q+d)·(1+alpha)]``.
+A quantile is judged only when each run has at least :data:`MIN_TAIL` values beyond it
+(``n·(1-q) >= 5``: p99 needs 500 values, p95 100, p50 10); the normal approximation
+of the order statistic is meaningless below that and the shift is reported as "no change
+(too few values)". Each run's quantile thus becomes an interval ``[Q(q-d)·(1-alpha), Q(q+d)·(1+alpha)]``.
 Candidate B *regressed* at q when its whole interval lies above A's and the relative
 change ``B/A - 1`` is at least ``min_change`` (default 5 %: smaller shifts are real but
 rarely actionable); *improved* symmetrically; otherwise *no change*. All metrics compared
@@ -25,6 +28,7 @@ from otelgpu.report import analysis as A
 from otelgpu.report.model import Run
 
 Z = 2.58
+MIN_TAIL = 5
 DEFAULT_MIN_CHANGE = 0.05
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
@@ -56,6 +60,7 @@ class Shift:
     b: float
     change: float  # b / a - 1
     verdict: str
+    too_few: bool = False  # too few values beyond the quantile to judge it
 
 
 @dataclass
@@ -89,11 +94,14 @@ def compare_sketches(a: Any, b: Any, min_change: float = DEFAULT_MIN_CHANGE) -> 
         b_lo, b_v, b_hi = interval(b, q)
         change = b_v / a_v - 1 if a_v > 0 else (math.inf if b_v > 0 else 0.0)
         verdict = NO_CHANGE
-        if b_lo > a_hi and change >= min_change:
+        too_few = min(a.count, b.count) * (1 - q) < MIN_TAIL
+        if too_few:
+            pass
+        elif b_lo > a_hi and change >= min_change:
             verdict = REGRESSION
         elif b_hi < a_lo and -change >= min_change:
             verdict = IMPROVEMENT
-        out.append(Shift(q, a_v, b_v, change, verdict))
+        out.append(Shift(q, a_v, b_v, change, verdict, too_few))
     return out
 
 
@@ -212,7 +220,8 @@ def write_text(c: Comparison, out: Any, name_a: str = "A", name_b: str = "B") ->
             mark = {REGRESSION: "▲", IMPROVEMENT: "▼", NO_CHANGE: " "}[s.verdict]
             print(
                 f"      p{round(s.quantile * 100):<3} {s.a * scale:10.2f} → {s.b * scale:10.2f} {unit:<4}"
-                f" {s.change * 100:+7.1f} % {mark} {s.verdict}",
+                f" {s.change * 100:+7.1f} % {mark} {s.verdict}"
+                + (" (too few values)" if s.too_few else ""),
                 file=out,
             )
     if c.context:

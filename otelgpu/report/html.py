@@ -137,7 +137,7 @@ def _ms(v: float) -> str:
 def _layout(title: str, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
         "title": {"text": title, "x": 0.01, "font": {"size": 15}},
-        "margin": {"l": 64, "r": 20, "t": 64, "b": 48},
+        "margin": {"l": 64, "r": 20, "t": 84, "b": 48},
         "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
         "hovermode": "closest",
     }
@@ -191,7 +191,7 @@ def step_time_figure(run: Run) -> dict[str, Any] | None:
                 "line": {"color": PALETTE[2], "width": 2},
             }
         )
-    layout = _layout("Step time over time (GPU events marked)")
+    layout = _layout("Step time over time (GPU events marked)", height=420)
     layout["xaxis"] = {"title": {"text": "time since start (s)"}}
     layout["yaxis"] = {"title": {"text": "step time (ms)"}, "rangemode": "tozero"}
     _mark_events(run, data, layout, y_top=max(r.duration_s for r in run.steps) * 1e3 * 1.05)
@@ -286,7 +286,7 @@ def cdf_figure(
         )
     if not data:
         return None
-    layout = _layout(title)
+    layout = _layout(title, height=420)
     layout["xaxis"] = {"title": {"text": "ms (log scale)"}, "type": "log"}
     layout["yaxis"] = {"title": {"text": "fraction ≤ x"}, "range": [0, 1]}
     return {"data": data, "layout": layout}
@@ -340,7 +340,8 @@ def gpu_figure(run: Run) -> dict[str, Any] | None:
     n = len(rows)
     gap = 0.04
     height = (1 - gap * (n - 1)) / n
-    layout = _layout("Per-GPU timelines", height=170 * n + 80, showlegend=True)
+    layout = _layout("Per-GPU timelines", height=150 * n + 140, showlegend=True)
+    layout["margin"] = dict(layout["margin"], t=100)
     data: list[dict[str, Any]] = []
     names = run.gpu_names()
     for r, (label, scale, series) in enumerate(rows):
@@ -547,7 +548,8 @@ def _plot_div(plot_id: str, figures: dict[str, Any], figure: dict[str, Any] | No
     if figure is None:
         return ""
     figures[plot_id] = _clean(figure)
-    return f'<div class="plot" id="{plot_id}"></div>'
+    height = figure["layout"].get("height", 420)
+    return f'<div class="plot" id="{plot_id}" style="height:{int(height)}px"></div>'
 
 
 def _clean(node: Any) -> Any:

@@ -149,11 +149,8 @@ def run_live(
     )
 
     def drain() -> None:
-        while True:
-            try:
-                view.echo(lines.get_nowait())
-            except queue.Empty:
-                return
+        while not lines.empty():  # one reader (this thread): empty() then get() is safe
+            view.echo(lines.get_nowait())
 
     try:
         with view:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from otelgpu.report.model import Record, Run
 
@@ -28,8 +28,14 @@ PHASE_ATTRIBUTES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("forward", ("otelgpu.train.phase.forward",)),
     ("backward", ("otelgpu.train.phase.backward",)),
     ("optimizer", ("otelgpu.train.phase.optimizer",)),
-    ("communication", ("otelgpu.train.phase.communication", "otelgpu.train.phase.comm",
-                       "otelgpu.train.comm.wait")),
+    (
+        "communication",
+        (
+            "otelgpu.train.phase.communication",
+            "otelgpu.train.phase.comm",
+            "otelgpu.train.comm.wait",
+        ),
+    ),
     ("checkpoint", ("otelgpu.train.phase.checkpoint", "otelgpu.train.checkpoint")),
     ("compute", ("otelgpu.train.compute",)),  # only when forward/backward are not split
 )
@@ -50,7 +56,7 @@ GPU_GAUGES = {
 }
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -139,7 +145,11 @@ def training(run: Run) -> Training | None:
         r for r in run.steps if (r.attributes.get("otelgpu.gpu.throttled_fraction") or 0) > 0
     ]
     reasons = sorted(
-        {str(x) for r in throttled for x in (r.attributes.get("otelgpu.gpu.throttle_reasons") or ())}
+        {
+            str(x)
+            for r in throttled
+            for x in (r.attributes.get("otelgpu.gpu.throttle_reasons") or ())
+        }
     )
     energies = [
         float(v) for r in run.steps if is_number(v := r.attributes.get("otelgpu.gpu.energy"))
@@ -286,7 +296,9 @@ def _points(run: Run, name: str, uuid: str, where: Mapping[str, Any] | None = No
 
 def tensor_gauges(run: Run) -> list[str]:
     """Names of per-GPU gauges that report tensor-core activity (GPM, when sampled)."""
-    return sorted({s.name for s in run.gauges.values() if "tensor" in s.name and "hw.id" in s.attributes})
+    return sorted(
+        {s.name for s in run.gauges.values() if "tensor" in s.name and "hw.id" in s.attributes}
+    )
 
 
 def gpus(run: Run) -> list[GpuSummary]:
@@ -311,7 +323,9 @@ def gpus(run: Run) -> list[GpuSummary]:
             g.power_mean_w, g.power_max_w = sum(power) / len(power), max(power)
         temp = _points(run, "hw.temperature", uuid)
         g.temperature_max_c = max(temp) if temp else None
-        thr = _points(run, "otelgpu.gpu.throttle.fraction", uuid, {"otelgpu.gpu.throttle.reason": "any"})
+        thr = _points(
+            run, "otelgpu.gpu.throttle.fraction", uuid, {"otelgpu.gpu.throttle.reason": "any"}
+        )
         g.throttle_share = sum(thr) / len(thr) if thr else None
         for s in run.counter_series("hw.energy"):
             if str(s.attributes.get("hw.id")) == uuid and len(s.points) > 1:
@@ -383,7 +397,7 @@ def _pct(x: float) -> str:
 
 def training_verdict(t: Training) -> Verdict:
     shares = {p: share for p, _s, share in t.phases}
-    evidence = [f"{p} {_pct(share)}" for p, _s, share in t.phases]
+    evidence = [f"{p} {_pct(share)}" for p, _s, share in t.phases if share >= 0.005]
     gpu_note = []
     if t.throttled_step_share:
         gpu_note.append(
@@ -486,7 +500,10 @@ def verdicts(run: Run) -> list[Verdict]:
                 "GPU HEALTH",
                 ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
                 "see the per-GPU timelines and events",
-                [f"{e.time_s:.1f}s {e.kind} {e.detail} on {e.uuid[:12]}" for e in run.gpu_events[:5]],
+                [
+                    f"{e.time_s:.1f}s {e.kind} {e.detail} on {e.uuid[:12]}"
+                    for e in run.gpu_events[:5]
+                ],
             )
         )
     return out
@@ -498,15 +515,16 @@ def stragglers(run: Run) -> list[Any]:
 
 
 def other_findings(run: Run) -> list[Any]:
-    return [
-        f for f in run.findings if "straggler" not in f.name and "verdict" not in f.name
-    ]
+    return [f for f in run.findings if "straggler" not in f.name and "verdict" not in f.name]
 
 
 def fmt_quantiles(values: Sequence[float], unit: str) -> str:
     if not values:
         return "n/a"
     scale, suffix = (1e3, "ms") if unit == "s" else (1.0, unit)
-    return "  ".join(
-        f"p{round(q * 100)} {v * scale:.2f}" for q, v in zip(QUANTILES, values, strict=False)
-    ) + f" {suffix}"
+    return (
+        "  ".join(
+            f"p{round(q * 100)} {v * scale:.2f}" for q, v in zip(QUANTILES, values, strict=False)
+        )
+        + f" {suffix}"
+    )

@@ -11,7 +11,8 @@ A shift counts only when it is larger than what the two estimates can be off by:
 A quantile is judged only when each run has at least :data:`MIN_TAIL` values beyond it
 (``n·(1-q) >= 5``: p99 needs 500 values, p95 100, p50 10); the normal approximation
 of the order statistic is meaningless below that and the shift is reported as "no change
-(too few values)". Each run's quantile thus becomes an interval ``[Q(q-d)·(1-alpha), Q(q+d)·(1+alpha)]``.
+(too few values)". Each run's quantile thus becomes an interval
+``[Q(q-d)·(1-alpha), Q(q+d)·(1+alpha)]``.
 Candidate B *regressed* at q when its whole interval lies above A's and the relative
 change ``B/A - 1`` is at least ``min_change`` (default 5 %: smaller shifts are real but
 rarely actionable); *improved* symmetrically; otherwise *no change*. All metrics compared
@@ -193,7 +194,9 @@ def gpu_context(run_a: Run, run_b: Run) -> list[tuple[str, str, str, str]]:
         if va is not None and vb is not None:
             d = vb - va
             pct = "share" in what or "utilization" in what or "activity" in what or "rate" in what
-            diff = f"{d * 100:+.1f} pt" if pct else f"{d:+g}" if float(d).is_integer() else f"{d:+.1f}"
+            diff = (
+                f"{d * 100:+.1f} pt" if pct else f"{d:+g}" if float(d).is_integer() else f"{d:+.1f}"
+            )
         else:
             diff = "—"
         rows.append((what, _fmt(what, va), _fmt(what, vb), diff))
@@ -201,7 +204,10 @@ def gpu_context(run_a: Run, run_b: Run) -> list[tuple[str, str, str, str]]:
 
 
 def write_text(c: Comparison, out: Any, name_a: str = "A", name_b: str = "B") -> None:
-    print(f"otelgpu report: comparison  A = {name_a}\n                            B = {name_b}", file=out)
+    print(
+        f"otelgpu report: comparison  A = {name_a}\n                            B = {name_b}",
+        file=out,
+    )
     counts = {REGRESSION: 0, IMPROVEMENT: 0, NO_CHANGE: 0}
     for m in c.metrics:
         if not m.only_in:
@@ -213,13 +219,15 @@ def write_text(c: Comparison, out: Any, name_a: str = "A", name_b: str = "B") ->
     )
     print("\n== distributions: B against A ==", file=out)
     for m in c.metrics:
-        head = f"  {m.verdict.upper() if not m.only_in else 'ONLY IN ' + m.only_in:<12} {m.name} [{m.label}]"
+        verdict = m.verdict.upper() if not m.only_in else "ONLY IN " + m.only_in
+        head = f"  {verdict:<12} {m.name} [{m.label}]"
         print(f"{head}  n={m.count_a}→{m.count_b}", file=out)
         scale, unit = (1e3, "ms") if m.unit == "s" else (1.0, m.unit)
         for s in m.shifts:
             mark = {REGRESSION: "▲", IMPROVEMENT: "▼", NO_CHANGE: " "}[s.verdict]
             print(
-                f"      p{round(s.quantile * 100):<3} {s.a * scale:10.2f} → {s.b * scale:10.2f} {unit:<4}"
+                f"      p{round(s.quantile * 100):<3} "
+                f"{s.a * scale:10.2f} → {s.b * scale:10.2f} {unit:<4}"
                 f" {s.change * 100:+7.1f} % {mark} {s.verdict}"
                 + (" (too few values)" if s.too_few else ""),
                 file=out,

@@ -35,8 +35,16 @@ CDF_POINTS = 200
 MAX_EVENT_MARKERS = 200
 
 PALETTE = (
-    "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2",
-    "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC", "#EECA3B",
+    "#4C78A8",
+    "#F58518",
+    "#54A24B",
+    "#E45756",
+    "#72B7B2",
+    "#B279A2",
+    "#FF9DA6",
+    "#9D755D",
+    "#BAB0AC",
+    "#EECA3B",
 )
 EVENT_COLOR = "#E45756"
 
@@ -120,9 +128,7 @@ def plotly_js() -> str:
     try:
         from plotly.offline import get_plotlyjs
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise RuntimeError(
-            "the HTML report needs plotly: pip install 'otelgpu[report]'"
-        ) from exc
+        raise RuntimeError("the HTML report needs plotly: pip install 'otelgpu[report]'") from exc
     return str(get_plotlyjs())
 
 
@@ -193,12 +199,15 @@ def step_time_figure(run: Run) -> dict[str, Any] | None:
         )
     layout = _layout("Step time over time (GPU events marked)", height=420)
     layout["xaxis"] = {"title": {"text": "time since start (s)"}}
-    layout["yaxis"] = {"title": {"text": "step time (ms)"}, "rangemode": "tozero"}
-    _mark_events(run, data, layout, y_top=max(r.duration_s for r in run.steps) * 1e3 * 1.05)
+    # log scale: a slow first step (worker start-up) or a checkpoint must not flatten the rest
+    layout["yaxis"] = {"title": {"text": "step time (ms, log scale)"}, "type": "log"}
+    _mark_events(run, data, layout, y_top=max(r.duration_s for r in run.steps) * 1e3 * 1.3)
     return {"data": data, "layout": layout}
 
 
-def _mark_events(run: Run, data: list[dict[str, Any]], layout: dict[str, Any], y_top: float) -> None:
+def _mark_events(
+    run: Run, data: list[dict[str, Any]], layout: dict[str, Any], y_top: float
+) -> None:
     events = run.gpu_events[:MAX_EVENT_MARKERS]
     if not events:
         return
@@ -232,7 +241,7 @@ def _mark_events(run: Run, data: list[dict[str, Any]], layout: dict[str, Any], y
 
 
 def phase_figure(run: Run) -> dict[str, Any] | None:
-    phases = A.phase_shares(run)
+    phases = [p for p in A.phase_shares(run) if p[2] >= 0.005]
     if not phases:
         return None
     data = [
@@ -315,7 +324,12 @@ _GPU_ROWS: tuple[tuple[str, str, float, dict[str, Any] | None], ...] = (
     ("memory watermark (GiB)", "otelgpu.gpu.memory.watermark", 1 / 2**30, None),
     ("power (W)", "hw.power", 1.0, None),
     ("temperature (°C)", "hw.temperature", 1.0, None),
-    ("throttled (%)", "otelgpu.gpu.throttle.fraction", 100.0, {"otelgpu.gpu.throttle.reason": "any"}),
+    (
+        "throttled (%)",
+        "otelgpu.gpu.throttle.fraction",
+        100.0,
+        {"otelgpu.gpu.throttle.reason": "any"},
+    ),
 )
 
 
@@ -375,7 +389,9 @@ def gpu_figure(run: Run) -> dict[str, Any] | None:
                     "line": {"color": PALETTE[g % len(PALETTE)], "width": 1.5},
                     "marker": {"size": 3},
                     "hovertemplate": f"GPU {g} {_esc(names.get(uuid, ''))}<br>"
-                    + "t=%{x:.1f}s: %{y:.1f}<extra>" + _esc(label) + "</extra>",
+                    + "t=%{x:.1f}s: %{y:.1f}<extra>"
+                    + _esc(label)
+                    + "</extra>",
                 }
             )
     events = run.gpu_events[:MAX_EVENT_MARKERS]
@@ -409,7 +425,9 @@ def _verdicts_html(run: Run) -> str:
     parts = []
     for v in A.verdicts(run):
         evidence = "".join(f"<li>{_esc(e)}</li>" for e in v.evidence)
-        source = "written by the diagnosis" if v.source == "recorded" else "derived from the recording"
+        source = (
+            "written by the diagnosis" if v.source == "recorded" else "derived from the recording"
+        )
         parts.append(
             f'<div class="card verdict {_verdict_class(v.label)}">'
             f'<div class="label">{_esc(v.label)}</div><div>{_esc(v.headline)}</div>'
@@ -430,7 +448,12 @@ def _kpis_html(run: Run) -> str:
     if t is not None:
         kpis.append(_kpi("training steps", f"{t.steps:,}"))
         if t.step_quantiles:
-            kpis.append(_kpi("step time p50 / p99", f"{_ms(t.step_quantiles[0])} / {_ms(t.step_quantiles[2])}"))
+            kpis.append(
+                _kpi(
+                    "step time p50 / p99",
+                    f"{_ms(t.step_quantiles[0])} / {_ms(t.step_quantiles[2])}",
+                )
+            )
         if t.samples_per_s:
             kpis.append(_kpi("samples / s", f"{t.samples_per_s:,.0f}"))
         if t.mfu is not None:
@@ -457,6 +480,7 @@ def _gpu_table(run: Run) -> str:
         return ""
     rows = []
     for n, g in enumerate(gpus):
+
         def pct(v: float | None) -> str:
             return "n/a" if v is None else f"{v * 100:.0f} %"
 
@@ -533,7 +557,7 @@ def _page(title: str, subtitle: str, body: str, figures: dict[str, dict[str, Any
         f"<title>{_esc(title)}</title><style>{CSS}</style>"
         f"<script>{plotly_js()}</script></head><body><main>"
         f"<h1>{_esc(title)}</h1><div class=muted>{subtitle}</div>{body}"
-        '<footer>otelgpu report · self-contained (plots by plotly.js, inlined) · '
+        "<footer>otelgpu report · self-contained (plots by plotly.js, inlined) · "
         "light and dark themes follow your system</footer></main>"
         f'<script type="application/json" id="otelgpu-figures">{figures_json}</script>'
         f"<script>{SCRIPT}</script></body></html>\n"
@@ -596,11 +620,14 @@ def render_comparison(run_a: Run, run_b: Run, comparison: C.Comparison) -> str:
         badge_class = m.verdict.replace(" ", "")
         verdict = f"only in {m.only_in}" if m.only_in else m.verdict
         scale, unit = (1e3, "ms") if m.unit == "s" else (1.0, m.unit)
-        cells = "".join(
-            f'<td class="num">{s.a * scale:.2f} → {s.b * scale:.2f} '
-            f'<span class="badge {s.verdict.replace(" ", "")}">{s.change * 100:+.1f} %</span></td>'
-            for s in m.shifts
-        ) or "<td></td><td></td><td></td>"
+        cells = (
+            "".join(
+                f'<td class="num">{s.a * scale:.2f} → {s.b * scale:.2f} '
+                f'<span class="badge {s.verdict.replace(" ", "")}">{s.change * 100:+.1f} %</span></td>'
+                for s in m.shifts
+            )
+            or "<td></td><td></td><td></td>"
+        )
         rows.append(
             f'<tr class="metric-row" data-verdict="{_esc(verdict)}"><td>{_esc(m.name)}</td>'
             f"<td class=muted>{_esc(m.label)}</td><td class=num>{m.count_a}→{m.count_b}</td>"
@@ -617,7 +644,7 @@ def render_comparison(run_a: Run, run_b: Run, comparison: C.Comparison) -> str:
         for w, a, b, d in comparison.context
     )
     ctx_table = (
-        "<table><tr><th></th><th class=num>A</th><th class=num>B</th><th class=num>B − A</th></tr>"
+        "<table><tr><th></th><th class=num>A</th><th class=num>B</th><th class=num>B - A</th></tr>"
         f"{ctx}</table>"
     )
     plots = ""
@@ -650,7 +677,5 @@ def render_comparison(run_a: Run, run_b: Run, comparison: C.Comparison) -> str:
         + _section("GPU context", ctx_table)
         + _section("CDFs (A solid, B dashed)", plots)
     )
-    subtitle = _esc(
-        f"A = {', '.join(run_a.paths)} · B = {', '.join(run_b.paths)}"
-    )
+    subtitle = _esc(f"A = {', '.join(run_a.paths)} · B = {', '.join(run_b.paths)}")
     return _page("otelgpu run comparison", subtitle, body, figures)

@@ -139,6 +139,7 @@ class Run:
     findings: list[Finding] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     thinned: int = 0  # how many times step/request records were halved
+    gpu_order: list[str] = field(default_factory=list)  # resource otelgpu.gpu.uuids (index order)
 
     # ------------------------------------------------------------------ lookups
     def sketch_series(self, name: str) -> list[Sketch]:
@@ -172,14 +173,15 @@ class Run:
         return total
 
     def gpus(self) -> list[str]:
-        """UUIDs of the GPUs seen (from ``hw.id`` on GPU metrics), sorted."""
+        """UUIDs of the GPUs seen (``hw.id`` on GPU metrics), in the processes' device order."""
         uuids = {
             str(s.attributes["hw.id"])
             for table in (self.gauges, self.counters)
             for s in table.values()
             if "hw.id" in s.attributes
         }
-        return sorted(uuids)
+        order = {u: i for i, u in enumerate(self.gpu_order)}
+        return sorted(uuids, key=lambda u: (order.get(u, len(order)), u))
 
     def gpu_names(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -222,6 +224,9 @@ class _Loader:
             resource_attrs.get("service.instance.id")
             or (resource_attrs.get("host.name"), resource_attrs.get("process.pid"))
         )
+        for uuid in resource_attrs.get("otelgpu.gpu.uuids") or ():
+            if uuid not in self.run.gpu_order:
+                self.run.gpu_order.append(str(uuid))
         if key not in self._processes:
             self._processes[key] = {
                 k: resource_attrs[k]
@@ -379,8 +384,12 @@ class _Loader:
             (GpuEvent(rel(e.time_s_ns), e.kind, e.uuid, e.detail) for e in self._events_ns()),
             key=lambda e: e.time_s,
         )
+        run.gpu_events = sorted(run.gpu_events + _counted_events(run), key=lambda e: e.time_s)
         run.findings = sorted(
-            (Finding(rel(int(f.time_s)), f.name, f.attributes, f.body) for f in self._findings.values()),
+            (
+                Finding(rel(int(f.time_s)), f.name, f.attributes, f.body)
+                for f in self._findings.values()
+            ),
             key=lambda f: f.time_s,
         )
         return run
@@ -396,6 +405,30 @@ class _EventNs:
     kind: str
     uuid: str
     detail: str
+
+
+HEALTH_COUNTER = "otelgpu.gpu.health.events"
+
+
+def _counted_events(run: Run) -> list[GpuEvent]:
+    """Health events the runtime counted but no span carried (none overlapped them).
+
+    The counter is authoritative; each missing event is placed at the first export whose
+    count covers it (so its time is known to one export interval).
+    """
+    on_spans: dict[tuple[str, str], int] = {}
+    for e in run.gpu_events:
+        on_spans[(e.kind, e.uuid)] = on_spans.get((e.kind, e.uuid), 0) + 1
+    out = []
+    for s in run.counter_series(HEALTH_COUNTER):
+        kind = str(s.attributes.get("otelgpu.gpu.event", ""))
+        uuid = str(s.attributes.get("hw.id", ""))
+        seen = on_spans.get((kind, uuid), 0)
+        for t, value in s.points:
+            while value > seen:
+                seen += 1
+                out.append(GpuEvent(t, kind, uuid, "(counted; on no span)"))
+    return out
 
 
 def load(paths: Iterable[str | os.PathLike[str]]) -> Run:

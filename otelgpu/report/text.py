@@ -77,7 +77,8 @@ def write(run: Run, out: TextIO) -> None:
         if t.joules_per_step is not None:
             line = f"  energy       {t.joules_per_step:.1f} J/step"
             if t.joules_per_token:
-                line += f", {t.joules_per_token * 1e3:.3f} mJ/token ({1 / t.joules_per_token:,.0f} tokens/J)"
+                line += f", {t.joules_per_token * 1e3:.3f} mJ/token"
+                line += f" ({1 / t.joules_per_token:,.0f} tokens/J)"
             print(line, file=out)
     i = A.inference(run)
     if i is not None:
@@ -110,29 +111,36 @@ def write(run: Run, out: TextIO) -> None:
     if gpus:
         print("\n== GPUs (from the sampled gauges) ==", file=out)
         print(
-            f"  {'GPU':<14} {'util mean/max':>13} {'tensor':>6} {'mem peak':>9} {'power mean/max':>15}"
+            f"  {'GPU':<17} {'util mean/max':>13} {'tensor':>6} {'mem peak':>9}"
+            f" {'power mean/max':>15}"
             f" {'temp max':>8} {'throttled':>9}  events",
             file=out,
         )
-        for g in gpus:
+        for n, g in enumerate(gpus):
             util = (
                 f"{g.utilization_mean * 100:.0f}/{g.utilization_max * 100:.0f} %"
                 if g.utilization_mean is not None and g.utilization_max is not None
                 else "n/a"
             )
-            tensor = "n/a" if g.tensor_activity_mean is None else f"{g.tensor_activity_mean * 100:.0f} %"
+            tensor = (
+                "n/a" if g.tensor_activity_mean is None else f"{g.tensor_activity_mean * 100:.0f} %"
+            )
             power = (
                 f"{g.power_mean_w:.0f}/{g.power_max_w:.0f} W"
                 if g.power_mean_w is not None and g.power_max_w is not None
                 else "n/a"
             )
-            temp = _opt(g.temperature_max_c, ".0f") + " °C" if g.temperature_max_c is not None else "n/a"
+            temp = (
+                _opt(g.temperature_max_c, ".0f") + " °C"
+                if g.temperature_max_c is not None
+                else "n/a"
+            )
             thr = "n/a" if g.throttle_share is None else f"{g.throttle_share * 100:.0f} %"
             events = ", ".join(f"{k} x{n}" for k, n in sorted(g.events.items()))
             if g.xids:
                 events += (", " if events else "") + "XID " + ",".join(sorted(g.xids))
             print(
-                f"  {g.uuid[:14]:<14} {util:>13} {tensor:>6} {_gib(g.memory_peak_bytes):>9}"
+                f"  {n:>2} {g.uuid[:14]:<14} {util:>13} {tensor:>6} {_gib(g.memory_peak_bytes):>9}"
                 f" {power:>15} {temp:>8} {thr:>9}  {events or '-'}",
                 file=out,
             )

@@ -40,7 +40,7 @@ assert rt is not None
 rng = random.Random(args.seed)
 now = time.time_ns()
 t = now - 120_000_000_000
-for i in range(args.steps):
+for _ in range(args.steps):
     d = rng.lognormvariate(-3.9, 0.25) * args.slow_steps
     t_end = t + int(d * 1e9)
     rt.record_step(
@@ -75,7 +75,13 @@ for i in range(args.requests):
         error_type="kv_cache_exhausted" if failed else None,
     )
     if not failed:
-        rt.tpot.record(tpot, {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "otelgpu",
-                              "gen_ai.request.model": "tiny-gpt"})
+        rt.tpot.record(
+            tpot,
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "otelgpu",
+                "gen_ai.request.model": "tiny-gpt",
+            },
+        )
 handle.shutdown()
 print(handle.recording_path)

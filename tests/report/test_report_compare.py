@@ -28,7 +28,9 @@ def test_report_compare_two_healthy_runs_show_no_change(synthetic_runs: dict[str
     assert set(verdicts.values()) == {compare.NO_CHANGE}, verdicts
 
 
-def test_report_compare_flags_exactly_the_regressed_metrics(synthetic_runs: dict[str, Path]) -> None:
+def test_report_compare_flags_exactly_the_regressed_metrics(
+    synthetic_runs: dict[str, Path],
+) -> None:
     verdicts = _verdicts(synthetic_runs["healthy_a"], synthetic_runs["regressed"])
     regressed = {name for (name, _label), v in verdicts.items() if v == compare.REGRESSION}
     assert regressed == AFFECTED, verdicts

@@ -27,7 +27,8 @@ return Array.from(document.querySelectorAll('.plot')).map(function (p) {
     id: p.id,
     width: box.width, height: box.height,
     traces: p.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length,
-    marks: p.querySelectorAll('.scatterlayer path.js-line, .scatterlayer path.point, .barlayer path').length,
+    marks: p.querySelectorAll(
+      '.scatterlayer path.js-line, .scatterlayer path.point, .barlayer path').length,
     shapes: p.querySelectorAll('.shapelayer path').length,
     names: (p.data || []).map(function (t) { return t.name; }),
   };
@@ -96,9 +97,7 @@ def test_report_html_renders_every_plot_with_gpu_event_markers(report_page: Path
         screenshot_full(driver, ARTIFACTS / "report-light.png")
     with chromium(dark=True) as driver:
         _open(driver, report_page)
-        background = driver.execute_script(
-            "return getComputedStyle(document.body).backgroundColor"
-        )
+        background = driver.execute_script("return getComputedStyle(document.body).backgroundColor")
         assert background == "rgb(18, 22, 29)", background  # the dark theme's --bg
         font = driver.execute_script(
             "return document.getElementById('step-time').layout.font.color"

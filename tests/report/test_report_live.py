@@ -132,7 +132,9 @@ def _tmux(server: str, *args: str) -> str:
 
 def _dashboard(screen: str) -> list[str]:
     lines = screen.splitlines()
-    tops = [i for i, line in enumerate(lines) if line.startswith("╭") and "otelgpu run --live" in line]
+    tops = [
+        i for i, line in enumerate(lines) if line.startswith("╭") and "otelgpu run --live" in line
+    ]
     assert len(tops) == 1, screen  # drawn once: no stale copy left above or below
     top = tops[0]
     bottom = next(i for i in range(top + 1, len(lines)) if lines[i].startswith("╰"))
@@ -145,11 +147,12 @@ def test_live_view_redraws_in_a_real_terminal(tmp_path: Path) -> None:
     # the terminal's own size, not the one pytest's environment may carry
     env = {k: v for k, v in python_env().items() if k not in ("COLUMNS", "LINES")}
     script = tmp_path / "run.sh"
-    exports = "".join(
-        f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if k.isidentifier()
-    )
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if k.isidentifier())
     script.write_text(
-        exports + "unset COLUMNS LINES\n" + " ".join(shlex.quote(a) for a in _live_cmd(8)) + "; echo EXIT=$?; sleep 60\n"
+        exports
+        + "unset COLUMNS LINES\n"
+        + " ".join(shlex.quote(a) for a in _live_cmd(8))
+        + "; echo EXIT=$?; sleep 60\n"
     )
     _tmux(server, "new-session", "-d", "-x", "150", "-y", "50", "sh", str(script))
     try:
@@ -175,9 +178,7 @@ def test_live_view_redraws_in_a_real_terminal(tmp_path: Path) -> None:
                 assert len(line.rstrip()) == width, board
             text = "\n".join(board)
             assert text.count("GPU health events") == 1
-            gpu_rows = [
-                line for line in board if re.match(r"│ │\s+\d\s+H100 80GB HBM3", line)
-            ]
+            gpu_rows = [line for line in board if re.match(r"│ │\s+\d\s+H100 80GB HBM3", line)]
             assert len(gpu_rows) == 8, text
             assert all("95 %" in row and "64.5/79.6" in row for row in gpu_rows)
             assert "hw_thermal" in gpu_rows[1] and "hw_thermal" not in gpu_rows[0]

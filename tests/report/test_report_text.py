@@ -15,7 +15,9 @@ def _text(*paths: Path) -> str:
     return buf.getvalue()
 
 
-def test_report_text_verdict_card_names_the_input_bound_run(synthetic_runs: dict[str, Path]) -> None:
+def test_report_text_verdict_card_names_the_input_bound_run(
+    synthetic_runs: dict[str, Path],
+) -> None:
     out = _text(synthetic_runs["healthy_a"])
     card = out.split("└")[0]
     # make_run.py puts 25 % of every step into data wait
@@ -28,7 +30,9 @@ def test_report_text_verdict_card_names_the_input_bound_run(synthetic_runs: dict
     assert "other" not in shares or shares["other"] < 1e-6
 
 
-def test_report_text_reads_gpu_gauges_and_drops_zero_counters(synthetic_runs: dict[str, Path]) -> None:
+def test_report_text_reads_gpu_gauges_and_drops_zero_counters(
+    synthetic_runs: dict[str, Path],
+) -> None:
     out = _text(synthetic_runs["healthy_a"])
     gpus = out.split("== GPUs (from the sampled gauges) ==")[1].split("\n\n")[0].splitlines()[2:]
     assert len(gpus) == 8  # the simulated 8xH100 node

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -41,10 +42,8 @@ def default_dir() -> Path:
 def ensure_private_dir(path: str | os.PathLike[str]) -> Path:
     """Create ``path`` (mode 0700) or check it; ``PermissionError`` if it is not private."""
     p = Path(path)
-    try:
+    with contextlib.suppress(FileExistsError):
         p.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
     info = os.lstat(p)
     if not stat.S_ISDIR(info.st_mode):
         raise PermissionError(f"{p} is not a directory")

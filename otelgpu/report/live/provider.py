@@ -116,7 +116,8 @@ def _train(runtime: Any, ring: SpanRing, now_ns: int) -> dict[str, Any] | None:
         if tokens:
             recent["tokens_per_s"] = tokens / elapsed
         records = [
-            Record(0.0, (s.end_time - s.start_time) / 1e9, a) for s, a in zip(spans, attrs, strict=True)
+            Record(0.0, (s.end_time - s.start_time) / 1e9, a)
+            for s, a in zip(spans, attrs, strict=True)
         ]
         phases = phase_shares(records)
         if phases:
@@ -153,7 +154,9 @@ def _inference(runtime: Any, ring: SpanRing, now_ns: int) -> dict[str, Any] | No
         elapsed = max((now_ns - first) / 1e9, 1e-9)
         lat = sorted((s.end_time - s.start_time) / 1e9 for s in spans)
         ttfts = sorted(
-            v for a in attrs if (v := _num(a.get("otelgpu.request.time_to_first_token"))) is not None
+            v
+            for a in attrs
+            if (v := _num(a.get("otelgpu.request.time_to_first_token"))) is not None
         )
         queue = sorted(
             v for a in attrs if (v := _num(a.get("otelgpu.request.queue_time"))) is not None
@@ -220,7 +223,9 @@ def _events(runtime: Any, started_ns: int, now_ns: int) -> list[dict[str, Any]]:
                 "time_unix_nano": gpu_context.event_time_ns(e),
                 "kind": attrs["otelgpu.gpu.event"],
                 "uuid": attrs.get("hw.id", ""),
-                "detail": str(attrs.get("otelgpu.gpu.event.detail", attrs.get("otelgpu.gpu.event.code", ""))),
+                "detail": str(
+                    attrs.get("otelgpu.gpu.event.detail", attrs.get("otelgpu.gpu.event.code", ""))
+                ),
             }
         )
     return out
@@ -243,12 +248,17 @@ def snapshot(runtime: Any, ring: SpanRing, started_ns: int) -> dict[str, Any]:
         ("gpus", lambda: _gpus(runtime, now)),
         ("events", lambda: _events(runtime, started_ns, now)),
     ):
-        try:
-            doc[key] = build()
-        except Exception as exc:  # noqa: BLE001 - a part missing beats no snapshot
-            runtime.report_error(f"live {key}", exc)
-            doc[key] = None
-    return _finite(doc)
+        doc[key] = _part(runtime, key, build)
+    finite: dict[str, Any] = _finite(doc)
+    return finite
+
+
+def _part(runtime: Any, key: str, build: Any) -> Any:
+    try:
+        return build()
+    except Exception as exc:  # noqa: BLE001 - a part missing beats no snapshot
+        runtime.report_error(f"live {key}", exc)
+        return None
 
 
 def _finite(node: Any) -> Any:
@@ -305,7 +315,9 @@ class LiveServer:
                     if not _same_user(conn):
                         continue
                     conn.settimeout(2.0)
-                    conn.sendall(protocol.encode(snapshot(self.runtime, self.ring, self.started_ns)))
+                    conn.sendall(
+                        protocol.encode(snapshot(self.runtime, self.ring, self.started_ns))
+                    )
                 except Exception as exc:  # noqa: BLE001 - a client hanging up is normal
                     if not isinstance(exc, OSError):
                         self.runtime.report_error("live snapshot", exc)

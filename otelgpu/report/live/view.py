@@ -34,7 +34,9 @@ def _uptime(doc: Snapshot) -> str:
 
 
 def _clock(ns: Any) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ns / 1e9)) if isinstance(ns, int) else "--:--:--"
+    return (
+        time.strftime("%H:%M:%S", time.localtime(ns / 1e9)) if isinstance(ns, int) else "--:--:--"
+    )
 
 
 # --------------------------------------------------------------------------- plain lines
@@ -45,12 +47,16 @@ def plain_lines(doc: Snapshot) -> list[str]:
     if train:
         recent = train.get("recent") or {}
         q = train.get("step_time_s") or {}
-        text = f"steps={train.get('steps', 0)} step_p50={_ms(q.get('p50'))} step_p99={_ms(q.get('p99'))}"
+        text = (
+            f"steps={train.get('steps', 0)} "
+            f"step_p50={_ms(q.get('p50'))} step_p99={_ms(q.get('p99'))}"
+        )
         if "samples_per_s" in recent:
             text += f" samples/s={recent['samples_per_s']:.0f}"
         if recent.get("phases"):
             text += " phases=" + ",".join(
-                f"{p}:{s * 100:.0f}%" for p, s in sorted(recent["phases"].items(), key=lambda kv: -kv[1])
+                f"{p}:{s * 100:.0f}%"
+                for p, s in sorted(recent["phases"].items(), key=lambda kv: -kv[1])
             )
         if "mfu" in recent:
             text += f" mfu={recent['mfu'] * 100:.1f}%"
@@ -61,12 +67,14 @@ def plain_lines(doc: Snapshot) -> list[str]:
         lat = inference.get("latency_s") or {}
         ttft = inference.get("ttft_s") or {}
         text = (
-            f"requests={inference.get('requests', 0)} p50={_ms(lat.get('p50'))} p99={_ms(lat.get('p99'))}"
+            f"requests={inference.get('requests', 0)} "
+            f"p50={_ms(lat.get('p50'))} p99={_ms(lat.get('p99'))}"
             f" ttft_p99={_ms(ttft.get('p99'))}"
         )
         if recent:
             text += (
-                f" rps={recent.get('requests_per_s', 0):.1f} errors={_pct(recent.get('error_rate'))}"
+                f" rps={recent.get('requests_per_s', 0):.1f}"
+                f" errors={_pct(recent.get('error_rate'))}"
                 f" queue_p50={_ms(recent.get('queue_p50_s'))}"
             )
         parts.append(text)
@@ -164,7 +172,9 @@ def render(docs: Sequence[Snapshot], title: str, events: Sequence[str]) -> Any:
                 right.add_row("queue", f"p50 {_ms(recent.get('queue_p50_s'))}")
                 right.add_row(
                     "errors",
-                    Text(f"{rate * 100:.1f} % (last 10 s)", style="bold red" if rate >= 0.05 else ""),
+                    Text(
+                        f"{rate * 100:.1f} % (last 10 s)", style="bold red" if rate >= 0.05 else ""
+                    ),
                 )
                 right.add_row("output", f"{recent.get('output_tokens_per_s', 0):,.0f} tokens/s")
         else:
@@ -199,7 +209,9 @@ def render(docs: Sequence[Snapshot], title: str, events: Sequence[str]) -> Any:
                 _pct(g.get("tensor_activity")) if g.get("tensor_activity") is not None else "-",
                 f"{_gib(g.get('memory_used_bytes'))}/{_gib(g.get('memory_total_bytes'))}",
                 f"{g.get('power_w') or 0:.0f} W",
-                Text(f"{temp} °C", style="bold red" if isinstance(temp, int) and temp >= 85 else ""),
+                Text(
+                    f"{temp} °C", style="bold red" if isinstance(temp, int) and temp >= 85 else ""
+                ),
                 Text("LOST", style="bold red")
                 if g.get("lost")
                 else Text(",".join(reasons), style="bold yellow")
@@ -213,7 +225,9 @@ def render(docs: Sequence[Snapshot], title: str, events: Sequence[str]) -> Any:
         blocks.append(Group(head, top, Panel(gpus, title="GPUs", border_style="blue")))
     if not docs:
         blocks.append(Text("waiting for an instrumented process…", style="dim"))
-    ev = Text("\n".join(events[-6:]) if events else "none so far", style="yellow" if events else "dim")
+    ev = Text(
+        "\n".join(events[-6:]) if events else "none so far", style="yellow" if events else "dim"
+    )
     blocks.append(Panel(ev, title="GPU health events", border_style="yellow"))
     return Panel(Group(*blocks), title=title, border_style="bold")
 

@@ -16,10 +16,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.otel import python_env
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-ARTIFACTS = ROOT / "build" / "artifacts"
+from report_support import HERE
 
 
 def _make_run(out: Path, *args: str) -> Path:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium, screenshot_full
-from conftest import ARTIFACTS
+from report_browser import chromium, screenshot_full
+from report_support import ARTIFACTS
 
 from otelgpu.report import compare, html, model
 

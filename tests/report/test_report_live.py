@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ARTIFACTS, HERE
 from fixtures.otel import python_env
+from report_support import ARTIFACTS, HERE
 
 import otelgpu
 from otelgpu.report.live import protocol

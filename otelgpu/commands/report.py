@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from otelgpu.errors import CorruptDataError
+
 EXIT_REGRESSION = 3
 
 
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
             write_html(args.html, html.render(loaded))
             print(f"\nHTML report: {args.html}", file=out)
-    except OSError as exc:
+    except (OSError, CorruptDataError) as exc:
         print(f"otelgpu report: {exc}", file=sys.stderr)
         return 1
     except RuntimeError as exc:  # plotly missing for --html

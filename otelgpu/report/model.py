@@ -139,6 +139,8 @@ class Run:
     findings: list[Finding] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     thinned: int = 0  # how many times step/request records were halved
+    skipped_lines: int = 0  # unreadable lines the reader skipped
+    abandoned: list[str] = field(default_factory=list)  # files given up as not recordings
     gpu_order: list[str] = field(default_factory=list)  # resource otelgpu.gpu.uuids (index order)
 
     # ------------------------------------------------------------------ lookups
@@ -432,9 +434,19 @@ def _counted_events(run: Run) -> list[GpuEvent]:
 
 
 def load(paths: Iterable[str | os.PathLike[str]]) -> Run:
-    """Load the recordings ``paths`` (one run). Raises ``OSError`` if a file cannot be read."""
+    """Load the recordings ``paths`` (one run).
+
+    Raises ``OSError`` if a file cannot be opened, ``CorruptDataError`` for a device or a
+    directory; unreadable lines are skipped and counted (``Run.skipped_lines``).
+    """
+    from otelgpu.otel.recording_reader import ReadStats
+
     names = [os.fspath(p) for p in paths]
     loader = _Loader(names)
-    for message in _read.messages(names):
+    stats = ReadStats()
+    for message in _read.messages(names, stats):
         loader.add(message)
-    return loader.finish()
+    run = loader.finish()
+    run.skipped_lines = stats.skipped_lines
+    run.abandoned = list(stats.abandoned or ())
+    return run

@@ -56,6 +56,10 @@ def write(run: Run, out: TextIO) -> None:
         f"{len(gpus)} GPU(s), {run.end_s:.1f} s recorded",
         file=out,
     )
+    if run.skipped_lines:
+        print(f"({run.skipped_lines} unreadable line(s) skipped)", file=out)
+    for reason in run.abandoned:
+        print(f"(gave up reading: {reason})", file=out)
     verdict_card(run, out)
     t = A.training(run)
     if t is not None:

@@ -145,7 +145,7 @@ def run_live(
         out=sys.stdout,
         interval_s=interval_s,
         plain=plain,
-        title=f"otelgpu run --live · {' '.join(command)[:60]}",
+        title=f"otelgpu run --live · {' '.join([Path(command[0]).name, *command[1:]])[:70]}",
     )
 
     def drain() -> None:

@@ -70,7 +70,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8p
 .kpi { background:var(--card); border:1px solid var(--border); border-radius:10px; padding:8px 12px; }
 .kpi .v { font-size: 20px; font-weight: 650; } .kpi .k { color: var(--muted); font-size: 12px; }
 td.muted { word-break: break-all; max-width: 420px; }
-.plot { width:100%; min-height: 320px; background:var(--card); border:1px solid var(--border);
+.plot { width:100%; background:var(--card); border:1px solid var(--border);
   border-radius:10px; margin-top: 8px; }
 table { border-collapse: collapse; width: 100%; font-size: 13px; }
 th, td { text-align:left; padding: 4px 8px; border-bottom: 1px solid var(--border); }
@@ -180,12 +180,15 @@ def step_time_figure(run: Run) -> dict[str, Any] | None:
                 "hovertemplate": "t=%{x:.2f}s<br>%{y:.1f} ms<extra>throttled</extra>",
             }
         )
-    window = max(1, len(run.steps) // 60)
-    if len(run.steps) >= 10:
+    n = len(run.steps)
+    if n >= 10:
+        # median of the k steps around each point (k ~ n/20), at most ~400 points
+        half = max(2, n // 40)
+        stride = max(1, n // 400)
         xs, ys = [], []
-        for i in range(0, len(run.steps), window):
-            chunk = sorted(r.duration_s for r in run.steps[i : i + window * 2])
-            xs.append(round(run.steps[min(i + window, len(run.steps) - 1)].end_s, 4))
+        for i in range(0, n, stride):
+            chunk = sorted(r.duration_s for r in run.steps[max(0, i - half) : i + half + 1])
+            xs.append(round(run.steps[i].end_s, 4))
             ys.append(round(chunk[len(chunk) // 2] * 1e3, 3))
         data.append(
             {

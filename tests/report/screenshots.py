@@ -10,6 +10,7 @@ photographed by the same browser.
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import subprocess
@@ -46,7 +47,7 @@ def live_png() -> None:
     cmd = [
         sys.executable, "-m", "otelgpu", "run", "--live", "--interval", "0.5", "--sim",
         "healthy-8xh100", "-e", "OTELGPU_EXPORTERS=none", "--", sys.executable,
-        str(HERE / "live_workload.py"), "12",
+        str(HERE / "live_torch_workload.py"), "14",
     ]  # fmt: skip
     script = Path(tempfile.mkdtemp()) / "run.sh"
     script.write_text(
@@ -58,7 +59,7 @@ def live_png() -> None:
         check=True,
     )
     try:
-        time.sleep(7)
+        time.sleep(16)
         ansi = subprocess.run(
             ["tmux", "-L", server, "capture-pane", "-p", "-e"],
             capture_output=True, text=True, check=True,
@@ -68,7 +69,9 @@ def live_png() -> None:
     lines = ansi.rstrip("\n").splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
-    console = Console(record=True, width=132, force_terminal=True, color_system="truecolor")
+    console = Console(
+        record=True, width=132, force_terminal=True, color_system="truecolor", file=io.StringIO()
+    )
     console.print(Text.from_ansi("\n".join(lines)), soft_wrap=True)
     svg = Path(tempfile.mkdtemp()) / "live.svg"
     svg.write_text(console.export_svg(title="otelgpu run --live -- python train.py"))

@@ -205,7 +205,7 @@ def render(docs: Sequence[Snapshot], title: str, events: Sequence[str]) -> Any:
             gpus.add_row(
                 str(g.get("index")),
                 str(g.get("name", "")).replace("NVIDIA ", ""),
-                f"{_bar(util)} {_pct(util):>5}",
+                Text.assemble((_bar(util), "green"), f" {_pct(util):>5}"),
                 _pct(g.get("tensor_activity")) if g.get("tensor_activity") is not None else "-",
                 f"{_gib(g.get('memory_used_bytes'))}/{_gib(g.get('memory_total_bytes'))}",
                 f"{g.get('power_w') or 0:.0f} W",

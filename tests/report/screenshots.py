@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def live_png() -> None:
     cmd = [
         sys.executable, "-m", "otelgpu", "run", "--live", "--interval", "0.5", "--sim",
         "healthy-8xh100", "-e", "OTELGPU_EXPORTERS=none", "--", sys.executable,
-        str(HERE / "live_torch_workload.py"), "14",
+        str(HERE / "live_torch_workload.py"), "120",
     ]  # fmt: skip
     script = Path(tempfile.mkdtemp()) / "run.sh"
     script.write_text(
@@ -59,7 +60,15 @@ def live_png() -> None:
         check=True,
     )
     try:
-        time.sleep(16)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # until the view has something to show
+            time.sleep(1)
+            plain = subprocess.run(
+                ["tmux", "-L", server, "capture-pane", "-p"], capture_output=True, text=True
+            ).stdout
+            steps = re.search(r"steps\s+(\d+)", plain)
+            if steps and int(steps.group(1)) >= 60 and "hw_thermal" in plain:
+                break
         ansi = subprocess.run(
             ["tmux", "-L", server, "capture-pane", "-p", "-e"],
             capture_output=True, text=True, check=True,

@@ -142,8 +142,13 @@ def render(docs: Sequence[Snapshot], title: str, events: Sequence[str]) -> Any:
                 tput.append(f"{recent['tokens_per_s']:,.0f} tokens/s")
             if tput:
                 left.add_row("throughput", "  ".join(tput))
-            for phase, share in sorted((recent.get("phases") or {}).items(), key=lambda kv: -kv[1]):
-                left.add_row(f"  {phase}", f"{_bar(share, 20)} {share * 100:4.0f} %")
+            phases = sorted((recent.get("phases") or {}).items(), key=lambda kv: -kv[1])
+            for phase, share in phases:
+                if share >= 0.005:  # a phase that took no time is noise here
+                    left.add_row(
+                        f"  {phase}",
+                        Text.assemble((_bar(share, 20), "cyan"), f" {share * 100:4.0f} %"),
+                    )
             extra = []
             if "mfu" in recent:
                 extra.append(f"MFU {recent['mfu'] * 100:.1f} %")

@@ -193,3 +193,57 @@ def test_live_view_redraws_in_a_real_terminal(tmp_path: Path) -> None:
         assert any("workload step" in line for line in last[:board_top])
     finally:
         subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=30)
+
+
+def test_live_view_shows_mfu_tensor_activity_and_phases_when_present() -> None:
+    """Fields other instrumentation adds (MFU, GPM tensor activity, diagnosis phases) are
+    shown when a snapshot carries them, in both renderings."""
+    import io
+
+    from rich.console import Console
+
+    from otelgpu.report.live import view
+
+    doc = {
+        "protocol": protocol.PROTOCOL, "pid": 7, "service": "t", "time_unix_nano": 2_000_000_000,
+        "started_unix_nano": 1_000_000_000,
+        "train": {"steps": 10, "step_time_s": {"p50": 0.02, "p95": 0.03, "p99": 0.04},
+                  "recent": {"steps": 10, "steps_per_s": 50.0, "p50_s": 0.02, "p99_s": 0.04,
+                             "last_s": 0.02, "phases": {"forward": 0.3, "backward": 0.5,
+                                                        "data": 0.2},
+                             "mfu": 0.412, "tensor_activity": 0.38}},
+        "inference": None,
+        "gpus": [{"index": 0, "uuid": "GPU-x", "name": "NVIDIA H100", "utilization": 0.9,
+                  "tensor_activity": 0.37, "memory_used_bytes": 2**30, "memory_total_bytes": 2**31,
+                  "power_w": 500.0, "temperature_c": 90, "throttle_reasons": [], "lost": True}],
+        "events": [],
+    }  # fmt: skip
+    (line,) = view.plain_lines(doc)
+    assert "mfu=41.2%" in line and "tensor=37 %" in line and "LOST" in line
+    assert "phases=backward:50%,forward:30%,data:20%" in line
+    out = io.StringIO()
+    Console(file=out, width=140, force_terminal=False).print(view.render([doc], "t", []))
+    text = out.getvalue()
+    assert "MFU 41.2 %" in text and "tensor 38 %" in text
+    assert "backward" in text and "forward" in text and "LOST" in text
+
+
+def test_live_never_breaks_the_application(tmp_path: Path) -> None:
+    """A live directory that is not private: instrument() warns and runs on without it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    handle = otelgpu.instrument(
+        live=True, live_dir=str(shared), exporters="none", gpu=False, frameworks="none"
+    )
+    try:
+        with otelgpu.step(samples=1):
+            pass
+        assert protocol.discover(shared) == []
+    finally:
+        handle.shutdown()
+    from otelgpu.report.live.provider import SpanRing
+
+    ring = SpanRing()
+    ring.on_end(object())  # not a span: ignored, never raised into span end
+    assert not ring.steps and not ring.requests

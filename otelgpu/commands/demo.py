@@ -16,7 +16,7 @@ an XID 13 on GPU 5 during serving. Then, on CPU:
 
 At the end the recording is read back: the verdict card and the key figures are printed,
 the self-contained HTML report is written next to the recording and its path printed.
-Takes ``--seconds`` (default 20) plus the imports.
+Takes ``--seconds`` (default 16) plus the imports.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--sim", action="store_true", help="use the simulated GPU even if a real one is present"
     )
     parser.add_argument(
-        "--seconds", type=float, default=20.0, help="approximate work time (default 20)"
+        "--seconds", type=float, default=16.0, help="approximate work time (default 16)"
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed of the workload")
     parser.add_argument("--html", metavar="PATH", help="where to write the HTML report")

@@ -307,7 +307,9 @@ def gpus(run: Run) -> list[GpuSummary]:
     tensor = tensor_gauges(run)
     for uuid in run.gpus():
         g = GpuSummary(uuid, names.get(uuid, ""))
-        util = _points(run, "hw.gpu.utilization", uuid)
+        util = _points(run, "hw.gpu.utilization", uuid, {"hw.gpu.task": "general"}) or _points(
+            run, "hw.gpu.utilization", uuid
+        )
         if util:
             g.utilization_mean, g.utilization_max = sum(util) / len(util), max(util)
         if tensor:

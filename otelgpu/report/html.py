@@ -322,7 +322,7 @@ def latency_figure(run: Run) -> dict[str, Any] | None:
 
 
 _GPU_ROWS: tuple[tuple[str, str, float, dict[str, Any] | None], ...] = (
-    ("utilization (%)", "hw.gpu.utilization", 100.0, None),
+    ("utilization (%)", "hw.gpu.utilization", 100.0, {"hw.gpu.task": "general"}),
     ("tensor activity (%)", "<tensor>", 100.0, None),
     ("memory watermark (GiB)", "otelgpu.gpu.memory.watermark", 1 / 2**30, None),
     ("power (W)", "hw.power", 1.0, None),

@@ -141,7 +141,8 @@ class Run:
     thinned: int = 0  # how many times step/request records were halved
     skipped_lines: int = 0  # unreadable lines the reader skipped
     abandoned: list[str] = field(default_factory=list)  # files given up as not recordings
-    gpu_order: list[str] = field(default_factory=list)  # resource otelgpu.gpu.uuids (index order)
+    # device order (resource otelgpu.gpu.uuids, else a span's otelgpu.gpu.ids)
+    gpu_order: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ lookups
     def sketch_series(self, name: str) -> list[Sketch]:
@@ -268,6 +269,9 @@ class _Loader:
         self._time(end)
         attrs = attributes(span.attributes)
         error = span.status.code == 2  # STATUS_CODE_ERROR
+        if not self.run.gpu_order and isinstance(attrs.get("otelgpu.gpu.ids"), list):
+            # several GPUs' context on a span: their UUIDs in the sampler's device order
+            self.run.gpu_order = [str(u) for u in attrs["otelgpu.gpu.ids"]]
         if span.name == STEP_SPAN:
             self._seen_steps += 1
             if self._seen_steps % self._stride == 0:

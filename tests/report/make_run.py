@@ -17,6 +17,7 @@ import time
 
 import otelgpu
 from otelgpu import _runtime, sim
+from otelgpu.runtime.records import RequestRecord, StepRecord
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
@@ -44,15 +45,17 @@ for _ in range(args.steps):
     d = rng.lognormvariate(-3.9, 0.25) * args.slow_steps
     t_end = t + int(d * 1e9)
     rt.record_step(
-        t,
-        t_end,
-        samples=32,
-        tokens=4096,
-        **{
-            "otelgpu.train.data.wait": d * 0.25,
-            "otelgpu.train.checkpoint": d * 0.05,
-            "otelgpu.train.compute": d * 0.70,
-        },
+        StepRecord(
+            t,
+            t_end,
+            samples=32,
+            tokens=4096,
+            span_attributes={
+                "otelgpu.train.data.wait": d * 0.25,
+                "otelgpu.train.checkpoint": d * 0.05,
+                "otelgpu.train.compute": d * 0.70,
+            },
+        )
     )
     t = t_end
 for i in range(args.requests):
@@ -63,23 +66,25 @@ for i in range(args.requests):
     start = now - 60_000_000_000 + i * 10_000_000
     failed = rng.random() < 0.02
     rt.record_request(
-        start,
-        start + int(duration * 1e9),
-        model="tiny-gpt",
-        ttft_s=None if failed else ttft,
-        # one output token: record_request derives no TPOT from TTFT and the end, so the
-        # TPOT distribution below stays independent of a TTFT regression
-        output_tokens=0 if failed else 1,
-        queue_time_s=queue,
-        outcome="error" if failed else "ok",
-        error_type="kv_cache_exhausted" if failed else None,
+        RequestRecord(
+            start,
+            start + int(duration * 1e9),
+            model="tiny-gpt",
+            first_token_ns=None if failed else start + int(ttft * 1e9),
+            # one output token: record_request derives no TPOT from TTFT and the end, so the
+            # TPOT distribution below stays independent of a TTFT regression
+            output_tokens=0 if failed else 1,
+            queue_time_s=queue,
+            outcome="error" if failed else "ok",
+            error_type="kv_cache_exhausted" if failed else None,
+        )
     )
     if not failed:
         rt.tpot.record(
             tpot,
             {
                 "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": "otelgpu",
+                "gen_ai.provider.name": "_OTHER",
                 "gen_ai.request.model": "tiny-gpt",
             },
         )

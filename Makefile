@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.otelgpu-deps
 TORCH_VERSION ?= 2.13.0
 
 .PHONY: demo test lint pytest pytest-native pytest-pure ext venv deps bench test-gpu clean backend-deps \
-	reliability soak
+	browser-deps reliability soak
 
 # setuptools-scm: some test dependencies (gpustat) ship only sdists whose build needs it, and the
 # editable install below runs without build isolation (so those builds use this venv).
@@ -26,7 +26,7 @@ $(STAMP): $(VPY) pyproject.toml $(wildcard tests/requirements/*.txt)
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
 	$(PIP) install -q -r tests/requirements/vllm.txt
 	$(PIP) install -q --no-deps -r tests/requirements/vllm-nodeps.txt
-	$(PIP) install -q --no-build-isolation -e ".[test,prometheus,bench]"
+	$(PIP) install -q --no-build-isolation -e ".[test,prometheus,bench,report]"
 	touch $(STAMP)
 
 venv deps: $(STAMP)
@@ -48,10 +48,15 @@ lint: $(STAMP)
 backend-deps:
 	@[ "$${OTELGPU_SKIP_BACKENDS:-0}" = 1 ] || sh tests/backends/install.sh
 
-pytest-native: ext backend-deps
+# Report and live-view tests (tests/report/) need a real browser and a real terminal:
+# Debian's chromium + chromium-driver (driven by Selenium) and tmux (needs root).
+browser-deps:
+	sh tests/report/install.sh
+
+pytest-native: ext backend-deps browser-deps
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
-pytest-pure: ext backend-deps
+pytest-pure: ext backend-deps browser-deps
 	OTELGPU_NO_EXTENSIONS=1 $(VPY) -m pytest -q $(PYTEST_ARGS)
 
 pytest: pytest-native pytest-pure

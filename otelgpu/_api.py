@@ -306,6 +306,10 @@ def instrument(
                 atexit.register(_at_exit)
                 _atexit_installed = True
             _handle.instrumentors = _enable_frameworks(resolved)
+            if resolved.live:  # otelgpu top: read-only snapshots on an owner-only socket
+                from otelgpu.report.live import provider
+
+                provider.start(runtime)
         return _handle
 
 

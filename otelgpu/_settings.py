@@ -83,6 +83,8 @@ class Settings:
     attach: str = "auto"
     frameworks: tuple[str, ...] = ("torch",)
     attribute_value_length_limit: int = 4096
+    live: bool = False
+    live_dir: str | None = None
 
 
 # --------------------------------------------------------------------------- parsers
@@ -379,6 +381,10 @@ SETTINGS: tuple[Setting, ...] = (
             "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", _int_range(16, 1 << 24),
             "an integer in [16, 16777216] (characters)",
             "Longest string attribute value on spans and metrics; longer ones are truncated."),
+    Setting("live", ev.OTELGPU_LIVE, None, _bool, "true or false",
+            "Serve read-only live snapshots on an owner-only Unix socket (otelgpu top)."),
+    Setting("live_dir", ev.OTELGPU_LIVE_DIR, None, _path, "a directory path",
+            "Directory of the live-view sockets (owner-only, 0700)."),
 )  # fmt: skip
 
 _BY_NAME = {s.name: s for s in SETTINGS}

@@ -136,6 +136,15 @@ OTELGPU_FRAMEWORKS = "OTELGPU_FRAMEWORKS"
 ``vllm``, or ``none`` (default ``torch``; vLLM is usually reached through its stat-logger
 plugin). A missing framework is skipped, never an error."""
 
+OTELGPU_LIVE = "OTELGPU_LIVE"
+"""``true``/``false``: serve read-only snapshots for ``otelgpu top`` on a local Unix socket
+(``<live dir>/<pid>.sock``, mode 0600 in a 0700 directory owned by the user); default false."""
+
+OTELGPU_LIVE_DIR = "OTELGPU_LIVE_DIR"
+"""Directory of the live-view sockets (default ``$XDG_RUNTIME_DIR/otelgpu``, else
+``/tmp/otelgpu-<uid>``); created 0700, refused when another user owns it or it is
+readable by others."""
+
 OTELGPU_SIM = "OTELGPU_SIM"
 """Scenario of the simulated GPU to activate (read by ``otelgpu.sim.activate_from_env``)."""
 

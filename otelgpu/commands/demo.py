@@ -1,18 +1,22 @@
-"""``otelgpu demo``: a short training + inference workload under ``otelgpu.instrument()``.
+"""``otelgpu demo``: real training and real serving under otelgpu, then the verdict and a report.
 
-With no real GPU the simulated one is activated (a built-in scenario, wall clock) and a
-few faults are injected (a thermal throttle during training, an XID during inference) so
-every part of the pipeline shows up. The workload (~15 s by default):
+With no real GPU the simulated 8xH100 node is activated (``healthy-8xh100``, wall clock)
+and faults are injected while the work runs: a thermal throttle on GPU 2 during training,
+an XID 13 on GPU 5 during serving. Then, on CPU:
 
-1. a training loop: steps of ~10-30 ms of "compute" with an occasional data-loader
-   stall, each in ``otelgpu.step(samples=…, tokens=…)``;
-2. a burst of inference requests on a thread pool, each in ``otelgpu.request(model=…)``
-   with TTFT, streamed tokens, and a few errors and timeouts.
+1. **training** (zero code: the training function below is plain PyTorch, otelgpu finds
+   its steps, data wait and checkpoint by itself): a small MLP on a synthetic dataset
+   whose items take a little time to load, a ``DataLoader`` with 2 worker processes,
+   gradient accumulation over 2 micro-batches per optimizer step, a ``torch.save``
+   checkpoint halfway;
+2. **serving**: a tiny GPT-2 built from a config with ``transformers`` (random weights,
+   nothing downloaded) generating tokens for concurrent requests on a thread pool, each
+   request in ``otelgpu.request()`` (queue, first token from a streamer, output tokens,
+   a few rejected requests).
 
-Then it prints a summary (step-time and latency quantiles from the sketches, the GPU
-context of each phase, errors, health events, where the telemetry went) and the speed
-of the native vs pure-Python sketch. Telemetry goes wherever the settings say (by
-default the local recording; ``OTEL_EXPORTER_OTLP_ENDPOINT`` sends it to a collector).
+At the end the recording is read back: the verdict card and the key figures are printed,
+the self-contained HTML report is written next to the recording and its path printed.
+Takes ``--seconds`` (default 16) plus the imports.
 """
 
 from __future__ import annotations
@@ -23,21 +27,26 @@ import ctypes
 import os
 import random
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TextIO
 
 from otelgpu import environment_variables as ev
 
 DEFAULT_SCENARIO = "healthy-8xh100"
-MODEL = "llama-3.1-8b-instruct"
+MODEL = "tiny-gpt2"
+THROTTLED_GPU = 2
+XID_GPU = 5
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "demo",
-        help="run a short instrumented training + inference workload and summarise it",
+        help="train and serve small real models under otelgpu, then show the verdict and report",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -50,9 +59,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--sim", action="store_true", help="use the simulated GPU even if a real one is present"
     )
     parser.add_argument(
-        "--seconds", type=float, default=15.0, help="approximate run time (default 15)"
+        "--seconds", type=float, default=16.0, help="approximate work time (default 16)"
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed of the workload")
+    parser.add_argument("--html", metavar="PATH", help="where to write the HTML report")
     parser.set_defaults(func=run)
     return parser
 
@@ -77,7 +87,6 @@ def activate_sim(scenario: str, out: TextIO) -> Any:
     except Exception as exc:  # noqa: BLE001 - the demo still runs without GPU context
         print(f"  simulated GPU unavailable ({exc}); running without GPU context", file=out)
         return None
-    os.environ.setdefault("LOCAL_RANK", "0")  # sample one GPU, as one rank of a job would
     print(f"  no GPU here: using the simulated GPU, scenario {scenario!r} (wall clock)", file=out)
     return handle
 
@@ -92,74 +101,186 @@ def _inject(sim_gpu: Any, out: TextIO, kind: str, **params: Any) -> None:
         print(f"  could not inject {kind}: {exc}", file=out)
 
 
-def training(seconds: float, rng: random.Random, on_half: Callable[[], None]) -> int:
-    """Steps of simulated compute; every 10th step waits on the data loader."""
-    import otelgpu
+# --------------------------------------------------------------------------- training
+def train(seconds: float, seed: int, checkpoint_dir: str, on_half: Callable[[], None]) -> int:
+    """Plain PyTorch training (no otelgpu code): returns optimizer steps taken."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
 
+    class SlowDataset(Dataset[tuple[Any, Any]]):
+        """Synthetic samples that take ~1 ms each to "load" (decode, augment…)."""
+
+        def __len__(self) -> int:
+            return 1 << 20
+
+        def __getitem__(self, i: int) -> tuple[Any, Any]:
+            time.sleep(0.001)
+            g = torch.Generator().manual_seed(i)
+            x = torch.randn(128, generator=g)
+            return x, int(x[:4].sum() > 0)
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    loader = DataLoader(SlowDataset(), batch_size=32, num_workers=2, shuffle=False)
+    accumulate = 2
     deadline = time.monotonic() + seconds
-    n = 0
     halfway = time.monotonic() + seconds / 2
-    fired = False
-    while time.monotonic() < deadline:
-        with otelgpu.step(samples=32, tokens=32 * 512):
-            compute = rng.uniform(0.010, 0.020)
-            if n % 10 == 9:
-                compute += rng.uniform(0.020, 0.060)  # data-loader stall
-            time.sleep(compute)
-        n += 1
-        if not fired and time.monotonic() > halfway:
+    steps = 0
+    saved = False
+    for i, (x, y) in enumerate(loader):
+        loss = loss_fn(model(x), y) / accumulate
+        loss.backward()
+        if (i + 1) % accumulate:
+            continue
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps += 1
+        now = time.monotonic()
+        if not saved and now > halfway:
             on_half()
-            fired = True
-    return n
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                os.path.join(checkpoint_dir, "checkpoint.pt"),
+            )
+            saved = True
+        if now > deadline:
+            break
+    return steps
 
 
-def one_request(i: int, rng: random.Random) -> str:
+# --------------------------------------------------------------------------- serving
+def build_model(seed: int) -> tuple[Any, int]:
+    """A tiny causal LM (random weights, built from a config: nothing is downloaded)."""
+    import torch
+
+    torch.manual_seed(seed)
+    try:
+        import transformers
+
+        hf: Any = transformers  # partly typed: used through Any
+        hf.utils.logging.set_verbosity_error()
+        config = hf.GPT2Config(
+            vocab_size=1024, n_positions=256, n_embd=128, n_layer=2, n_head=4, bos_token_id=0,
+            eos_token_id=0,
+        )  # fmt: skip
+        return hf.GPT2LMHeadModel(config).eval(), int(config.vocab_size)
+    except ImportError:  # transformers missing: the same idea with torch alone
+        return _TinyLM(1024).eval(), 1024
+
+
+class _TinyLM:
+    """Fallback when transformers is not installed: an embedding + GRU + head, greedy."""
+
+    def __init__(self, vocab: int) -> None:
+        from torch import nn
+
+        self.net = nn.ModuleDict(
+            {"emb": nn.Embedding(vocab, 128), "rnn": nn.GRU(128, 128, batch_first=True),
+             "head": nn.Linear(128, vocab)}
+        )  # fmt: skip
+
+    def eval(self) -> _TinyLM:
+        self.net.eval()
+        return self
+
+    def generate(self, input_ids: Any, max_new_tokens: int, streamer: Any, **kw: Any) -> Any:
+        import torch
+
+        streamer.put(input_ids)
+        ids = input_ids
+        hidden: Any = None
+        x = ids
+        for _ in range(max_new_tokens):
+            states, hidden = self.net["rnn"](self.net["emb"](x), hidden)
+            nxt = self.net["head"](states[:, -1]).argmax(-1, keepdim=True)
+            streamer.put(nxt)
+            ids = torch.cat([ids, nxt], dim=1)
+            x = nxt
+        streamer.end()
+        return ids
+
+
+class _Streamer:
+    """A transformers-style streamer: the first ``put`` is the prompt, then one per token."""
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        if self.request.output_tokens == 0:
+            self.request.first_token()
+        self.request.tokens(int(value.numel()))
+
+    def end(self) -> None:
+        return None
+
+
+def serve(seconds: float, seed: int, on_half: Callable[[], None], out: TextIO) -> dict[str, int]:
+    """Concurrent generation requests against the tiny model; outcome counts."""
+    import torch
+
     import otelgpu
 
-    with otelgpu.request(model=MODEL) as r:
-        r.input_tokens(rng.randint(50, 800))
-        time.sleep(rng.uniform(0.0, 0.02))  # queue
-        r.scheduled()
-        time.sleep(rng.uniform(0.02, 0.08))  # prefill
-        roll = rng.random()
-        if roll < 0.04:
-            r.error("timeout")
-            return "timeout"
-        if roll < 0.08:
-            r.error("kv_cache_exhausted")
-            return "error"
-        r.first_token()
-        for _ in range(rng.randint(8, 48)):
-            time.sleep(rng.uniform(0.001, 0.004))
-            r.tokens(1)
-    return "ok"
-
-
-def inference(seconds: float, rng: random.Random, on_half: Callable[[], None]) -> dict[str, int]:
-    """Bursts of concurrent requests on a thread pool."""
+    model, vocab = build_model(seed)
+    slots = threading.Semaphore(2)  # the "engine" runs two requests at a time; others queue
     outcomes: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def one(i: int, rng: random.Random) -> None:
+        with otelgpu.request(model=MODEL, operation="text_completion") as r:
+            prompt = rng.randint(8, 48)
+            r.input_tokens(prompt)
+            if rng.random() < 0.04:  # admission control: not enough KV-cache blocks
+                r.error("kv_cache_exhausted")
+                outcome = "error"
+            else:
+                with slots:
+                    r.scheduled()
+                    ids = torch.randint(
+                        1, vocab, (1, prompt), generator=torch.Generator().manual_seed(i)
+                    )
+                    with torch.no_grad():
+                        model.generate(
+                            ids,
+                            attention_mask=torch.ones_like(ids),
+                            max_new_tokens=rng.randint(8, 32),
+                            do_sample=False,
+                            pad_token_id=0,
+                            streamer=_Streamer(r),
+                        )
+                outcome = "ok"
+        with lock:
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    rng = random.Random(seed)
     deadline = time.monotonic() + seconds
     halfway = time.monotonic() + seconds / 2
     fired = False
     i = 0
-    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="demo-request") as pool:
+    with ThreadPoolExecutor(max_workers=6, thread_name_prefix="demo-request") as pool:
         while time.monotonic() < deadline:
-            burst = rng.randint(4, 16)
-            seeds = [rng.random() for _ in range(burst)]
-            futures = [
-                pool.submit(one_request, i + k, random.Random(s)) for k, s in enumerate(seeds)
-            ]
+            burst = rng.randint(3, 8)
+            futures = [pool.submit(one, i + k, random.Random(rng.random())) for k in range(burst)]
             i += burst
             if not fired and time.monotonic() > halfway:
-                on_half()  # while the burst is in flight: its spans carry the event
+                on_half()
                 fired = True
             for f in futures:
-                outcome = f.result()
-                outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            time.sleep(rng.uniform(0.05, 0.3))
+                f.result()
+            time.sleep(rng.uniform(0.02, 0.15))
     return outcomes
 
 
+# --------------------------------------------------------------------------- the demo
 def sketch_speed(n: int = 100_000) -> tuple[float, float | None]:
     """ns per ``add`` for the pure-Python sketch and the native one (None if not built)."""
     from otelgpu import _impl
@@ -181,36 +302,20 @@ def sketch_speed(n: int = 100_000) -> tuple[float, float | None]:
     return pure, native
 
 
-def _ms(v: float) -> str:
-    return "n/a" if v != v else f"{v * 1000:8.1f} ms"
-
-
-def _gpu_line(attrs: dict[str, Any]) -> str:
-    if not attrs:
-        return "no GPU context (no sampler)"
-    parts = []
-    if "otelgpu.gpu.utilization.mean" in attrs:
-        parts.append(
-            f"util mean {attrs['otelgpu.gpu.utilization.mean']:.0%}"
-            f" max {attrs.get('otelgpu.gpu.utilization.max', 0):.0%}"
-        )
-    if "otelgpu.gpu.memory.peak" in attrs:
-        parts.append(f"memory peak {attrs['otelgpu.gpu.memory.peak'] / 2**30:.1f} GiB")
-    if "otelgpu.gpu.energy" in attrs:
-        parts.append(f"energy {attrs['otelgpu.gpu.energy']:.0f} J")
-    if attrs.get("otelgpu.gpu.throttle_reasons"):
-        parts.append("throttled: " + ",".join(attrs["otelgpu.gpu.throttle_reasons"]))
-    if attrs.get("otelgpu.gpu.xids"):
-        parts.append("XIDs " + ",".join(str(x) for x in attrs["otelgpu.gpu.xids"]))
-    return "; ".join(parts) or "no readings"
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     import otelgpu
     from otelgpu import _runtime
 
     out = out or sys.stdout
-    rng = random.Random(args.seed)
+    try:
+        import torch
+    except ImportError:
+        print(
+            "otelgpu demo needs PyTorch (pip install torch; `make demo` installs it)",
+            file=sys.stderr,
+        )
+        return 1
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     print("otelgpu demo", file=out)
     sim_gpu = None
     if args.sim or not real_nvml_present():
@@ -220,7 +325,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     handle = otelgpu.instrument(
         service_name=os.environ.get("OTEL_SERVICE_NAME") or "otelgpu-demo",
-        metric_export_interval_ms=5000,
+        metric_export_interval_ms=1000,
+        frameworks="torch",
     )
     runtime = _runtime.current()
     if runtime is None:
@@ -228,84 +334,52 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 0
     sampler = runtime.sampler
     devices = getattr(sampler, "devices", ()) if sampler is not None else ()
-    print(
-        f"  sampling {len(devices)} GPU(s): "
-        + (", ".join(f"{d.name} {d.uuid[:12]}…" for d in devices) or "none"),
-        file=out,
-    )
-    time.sleep(0.3)  # let the sampler take its first samples
+    print(f"  sampling {len(devices)} GPU(s): {devices[0].name if devices else 'none'}", file=out)
+    out.flush()
 
     train_s = args.seconds * 0.55
-    infer_s = args.seconds * 0.45
-    print(f"  training for {train_s:.0f} s …", file=out)
-    t0 = time.time_ns()
-    steps = training(
-        train_s,
-        rng,
-        lambda: _inject(sim_gpu, out, "throttle", gpu=0, reason="hw_thermal", duration_s=2),
+    serve_s = args.seconds * 0.45
+    print(
+        f"  training a small MLP for {train_s:.0f} s "
+        "(DataLoader, 2 workers, grad accumulation, checkpoint) …",
+        file=out,
     )
-    t1 = time.time_ns()
-    print(f"  serving request bursts for {infer_s:.0f} s …", file=out)
-    outcomes = inference(infer_s, rng, lambda: _inject(sim_gpu, out, "xid", gpu=0, code=13))
-    t2 = time.time_ns()
+    out.flush()
+    with tempfile.TemporaryDirectory(prefix="otelgpu-demo-") as ckpt:
+        steps = train(
+            train_s,
+            args.seed,
+            ckpt,
+            lambda: _inject(
+                sim_gpu, out, "throttle", gpu=THROTTLED_GPU, reason="hw_thermal", duration_s=4
+            ),
+        )
+    print(
+        f"  {steps} optimizer steps; serving {MODEL} "
+        f"(transformers, random weights) for {serve_s:.0f} s …",
+        file=out,
+    )
+    out.flush()
+    outcomes = serve(
+        serve_s, args.seed, lambda: _inject(sim_gpu, out, "xid", gpu=XID_GPU, code=13), out
+    )
     time.sleep(0.3)  # the XID waiter and the sampler deliver late events
-
-    train_gpu = runtime.gpu_attributes(t0, t1)
-    infer_gpu = runtime.gpu_attributes(t1, t2)
     health = runtime.health_counts()
-    step_q = runtime.step_duration.merged().quantiles([0.5, 0.95, 0.99])
-    lat = runtime.request_duration.merged()
-    lat_q = lat.quantiles([0.5, 0.95, 0.99])
-    ttft_q = runtime.ttft.merged().quantiles([0.5, 0.95, 0.99])
-    tpot_q = runtime.tpot.merged().quantiles([0.5, 0.99])
     recording = handle.recording_path
-    handle.force_flush()
+    exporters = ", ".join(handle.settings.exporters) or "none"
+    handle.shutdown()  # final flush: the recording now holds the whole run
+    print(
+        f"  served {sum(outcomes.values())} requests "
+        f"({', '.join(f'{n} {k}' for k, n in sorted(outcomes.items()))})",
+        file=out,
+    )
+    print(f"  GPU health events seen live: {sum(health.values())}", file=out)
 
-    total = sum(outcomes.values())
-    errors = total - outcomes.get("ok", 0)
-    print("\n== training ==", file=out)
-    print(f"  steps             {steps}", file=out)
-    print(
-        f"  step time         p50 {_ms(step_q[0])}  p95 {_ms(step_q[1])}  p99 {_ms(step_q[2])}",
-        file=out,
-    )
-    print(f"  GPU               {_gpu_line(train_gpu)}", file=out)
-    print("\n== inference ==", file=out)
-    print(
-        f"  requests          {total} ({outcomes.get('ok', 0)} ok, "
-        f"{outcomes.get('error', 0)} errors, {outcomes.get('timeout', 0)} timeouts; "
-        f"error rate {errors / total if total else 0:.1%})",
-        file=out,
-    )
-    print(
-        f"  latency           p50 {_ms(lat_q[0])}  p95 {_ms(lat_q[1])}  p99 {_ms(lat_q[2])}",
-        file=out,
-    )
-    print(
-        f"  time to 1st token p50 {_ms(ttft_q[0])}  p95 {_ms(ttft_q[1])}  p99 {_ms(ttft_q[2])}",
-        file=out,
-    )
-    print(f"  time per token    p50 {_ms(tpot_q[0])}  p99 {_ms(tpot_q[1])}", file=out)
-    print(f"  GPU               {_gpu_line(infer_gpu)}", file=out)
-    print("\n== GPU health events ==", file=out)
-    if health:
-        for (kind, uuid), n in sorted(health.items()):
-            print(f"  {kind:<16} x{n}  {uuid}", file=out)
+    print("", file=out)
+    if recording is not None and recording.exists():
+        _report(recording, args, out)
     else:
-        print("  none", file=out)
-    print("\n== telemetry ==", file=out)
-    print(f"  exporters         {', '.join(handle.settings.exporters) or 'none'}", file=out)
-    if recording is not None:
-        print(f"  recording         {recording}", file=out)
-        print(f"  read it with      otelgpu report {recording}", file=out)
-    pipeline = runtime.pipeline
-    if pipeline is not None and pipeline.prometheus_address is not None:
-        host, port = pipeline.prometheus_address
-        print(f"  prometheus        http://{host}:{port}/metrics", file=out)
-    dropped = runtime.stats.dropped_total()
-    errors_internal = sum(runtime.stats.errors().values())
-    print(f"  dropped           {dropped} (internal errors: {errors_internal})", file=out)
-    handle.shutdown()
+        print(f"telemetry went to: {exporters} (no local recording to report on)", file=out)
 
     pure, native = sketch_speed()
     if native is not None:
@@ -320,3 +394,37 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         with contextlib.suppress(Exception):
             sim_gpu.deactivate()
     return 0
+
+
+def _report(recording: Path, args: argparse.Namespace, out: TextIO) -> None:
+    from otelgpu.report import analysis, model, text
+
+    run = model.load([recording])
+    text.verdict_card(run, out)
+    t = analysis.training(run)
+    if t is not None and t.step_quantiles:
+        print(
+            f"  training   {t.steps} steps, "
+            f"step time {analysis.fmt_quantiles(t.step_quantiles, 's')}",
+            file=out,
+        )
+    i = analysis.inference(run)
+    if i is not None and i.latency:
+        print(
+            f"  serving    {i.requests} requests, latency {analysis.fmt_quantiles(i.latency, 's')}",
+            file=out,
+        )
+        if i.ttft:
+            print(
+                f"             time to first token {analysis.fmt_quantiles(i.ttft, 's')}", file=out
+            )
+    print(f"\n  recording  {recording}", file=out)
+    print(f"  full text  otelgpu report {recording}", file=out)
+    html_path = Path(args.html) if args.html else recording.with_suffix("").with_suffix(".html")
+    try:
+        from otelgpu.report import html
+
+        html_path.write_text(html.render(run), encoding="utf-8")
+        print(f"  HTML report {html_path.resolve()}", file=out)
+    except RuntimeError as exc:  # plotly not installed
+        print(f"  HTML report not written: {exc}", file=out)

@@ -1,132 +1,127 @@
-"""``otelgpu report FILE``: summarise a local recording (OTLP JSON lines).
+"""``otelgpu report FILE… [--html out.html]`` / ``otelgpu report A B [--fail-on-regression PCT]``.
 
-For every sketch metric (exponential histogram) the newest cumulative point of each
-series is turned back into a sketch -- losslessly, the buckets are the sketch's -- and
-its count and p50/p95/p99 printed; counters show their newest value; spans are counted
-by name, and GPU health events found on spans are listed.
+One run (one file, or several with ``--merge`` / three or more: ranks, rotated files):
+a verdict card (what held the run back, e.g. "INPUT-BOUND — input wait took 26 % of step
+time"), training and inference figures, a per-GPU summary of the sampled gauges, GPU
+health events, diagnosis findings, every exported sketch's p50/p95/p99 (read back from
+the recording losslessly), non-zero counters and span counts. ``--html`` also writes a
+self-contained page with plots.
+
+Two files: a comparison of run B against baseline A: per sketch metric the shift of
+p50/p95/p99, called a regression or an improvement only beyond the sketch's error bound
+and the quantile's sampling uncertainty, plus the GPU context of both runs.
+``--fail-on-regression PCT`` exits 3 when any metric regressed by at least PCT percent
+(a CI gate).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
+from pathlib import Path
 from typing import Any, TextIO
 
 from otelgpu.errors import CorruptDataError
 
-QUANTILES = (0.5, 0.95, 0.99)
+EXIT_REGRESSION = 3
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "report",
-        help="summarise a local recording (OTLP JSON lines)",
+        help="summarise a recording (text, --html), or compare two runs (A B)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("files", nargs="+", help="recording files (*.otlp.jsonl)")
+    parser.add_argument("--html", metavar="OUT.html", help="also write the report as HTML")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="treat two files as one run (e.g. two ranks) instead of comparing them",
+    )
+    parser.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="PCT",
+        help="comparison: exit 3 if a metric regressed by at least PCT %%",
+    )
+    parser.add_argument(
+        "--min-change",
+        type=float,
+        default=5.0,
+        metavar="PCT",
+        help="comparison: smallest shift called a regression/improvement (default 5 %%)",
+    )
     parser.set_defaults(func=run)
     return parser
 
 
-def _value(any_value: Any) -> Any:
-    kind = any_value.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(v) for v in any_value.array_value.values]
-    return getattr(any_value, kind) if kind else None
-
-
-def _attrs(kvs: Any) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in kvs}
-
-
-def _label(attrs: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(attrs.items())) or "-"
-
-
 def summarise(paths: list[str], out: TextIO) -> int:
-    """Print the summary of the recordings ``paths``; returns the number of messages read."""
-    from otelgpu.otel.recording_reader import ReadStats, read_recording
-    from otelgpu.sketch import QuantileSketch
+    """Print the text report of the recordings ``paths`` (one run); returns messages read."""
+    from otelgpu.report import model, text
 
-    stats = ReadStats()
+    loaded = model.load(paths)
+    text.write(loaded, out)
+    return loaded.messages
 
-    histograms: dict[tuple[str, str], tuple[str, Any]] = {}  # (metric, series) -> (unit, point)
-    sums: dict[tuple[str, str], tuple[str, float]] = {}
-    spans: Counter[str] = Counter()
-    events: Counter[str] = Counter()
-    resources: set[tuple[tuple[str, Any], ...]] = set()
-    messages = 0
-    for path in paths:
-        for message in read_recording(path, stats=stats):
-            messages += 1
-            for rs in getattr(message, "resource_spans", ()):
-                for ss in rs.scope_spans:
-                    for span in ss.spans:
-                        spans[span.name] += 1
-                        for event in span.events:
-                            if event.name.startswith("otelgpu.gpu."):
-                                events[event.name.removeprefix("otelgpu.gpu.")] += 1
-            for rm in getattr(message, "resource_metrics", ()):
-                res = _attrs(rm.resource.attributes)
-                resources.add(
-                    tuple(
-                        (k, str(res[k]))
-                        for k in ("service.name", "host.name", "process.pid")
-                        if k in res
-                    )
-                )
-                for sm in rm.scope_metrics:
-                    for metric in sm.metrics:
-                        kind = metric.WhichOneof("data")
-                        if kind == "exponential_histogram":
-                            for dp in metric.exponential_histogram.data_points:
-                                key = (metric.name, _label(_attrs(dp.attributes)))
-                                histograms[key] = (metric.unit, dp)
-                        elif kind == "sum":
-                            for dp in metric.sum.data_points:
-                                value = dp.as_int if dp.HasField("as_int") else dp.as_double
-                                key = (metric.name, _label(_attrs(dp.attributes)))
-                                sums[key] = (metric.unit, value)
-    print(f"{messages} export requests from {len(resources)} process(es)", file=out)
-    if stats.skipped_lines:
-        print(f"({stats.skipped_lines} unreadable line(s) skipped)", file=out)
-    for reason in stats.abandoned or ():
-        print(f"otelgpu report: {reason}", file=sys.stderr)
-    print("\n== distributions (from the exported sketches) ==", file=out)
-    for (name, series), (unit, dp) in sorted(histograms.items()):
-        try:
-            sketch = QuantileSketch.from_data_point(dp)
-        except (ValueError, CorruptDataError) as exc:
-            print(f"  {name} {series}: unreadable ({exc})", file=out)
-            continue
-        qs = sketch.quantiles(list(QUANTILES))
-        scale, suffix = (1000.0, "ms") if unit == "s" else (1.0, unit)
-        text = "  ".join(
-            f"p{int(q * 100)} {v * scale:.2f}" for q, v in zip(QUANTILES, qs, strict=True)
-        )
-        print(f"  {name} [{series}] n={sketch.count}  {text} {suffix}", file=out)
-    print("\n== counters (newest cumulative value) ==", file=out)
-    for (name, series), (unit, value) in sorted(sums.items()):
-        print(f"  {name} [{series}] {value:g} {unit}", file=out)
-    print("\n== spans ==", file=out)
-    for name, n in spans.most_common():
-        print(f"  {name}: {n}", file=out)
-    if events:
-        print("\n== GPU health events on spans ==", file=out)
-        for name, n in events.most_common():
-            print(f"  {name}: {n}", file=out)
-    return messages
+
+def write_html(path: str, content: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(content, encoding="utf-8")
+
+
+def _compare(args: argparse.Namespace, out: TextIO) -> int:
+    from otelgpu.report import compare, model
+
+    path_a, path_b = args.files
+    run_a, run_b = model.load([path_a]), model.load([path_b])
+    if not run_a.messages or not run_b.messages:
+        print("otelgpu report: a recording holds no telemetry", file=sys.stderr)
+        return 1
+    result = compare.compare(run_a, run_b, min_change=args.min_change / 100)
+    compare.write_text(result, out, path_a, path_b)
+    if args.html:
+        from otelgpu.report import html
+
+        write_html(args.html, html.render_comparison(run_a, run_b, result))
+        print(f"\nHTML comparison: {args.html}", file=out)
+    if args.fail_on_regression is not None:
+        failed = result.regressions(args.fail_on_regression / 100)
+        if failed:
+            print(
+                f"\nFAIL: {len(failed)} metric(s) regressed by >= {args.fail_on_regression:g} %: "
+                + ", ".join(f"{m.name} ({m.worst_regression * 100:+.1f} %)" for m in failed),
+                file=out,
+            )
+            return EXIT_REGRESSION
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    out = sys.stdout
     try:
-        messages = summarise(list(args.files), sys.stdout)
+        if len(args.files) == 2 and not args.merge:
+            return _compare(args, out)
+        if args.fail_on_regression is not None:
+            print("otelgpu report: --fail-on-regression needs two runs (A B)", file=sys.stderr)
+            return 2
+        from otelgpu.report import model, text
+
+        loaded = model.load(list(args.files))
+        text.write(loaded, out)
+        if args.html:
+            from otelgpu.report import html
+
+            write_html(args.html, html.render(loaded))
+            print(f"\nHTML report: {args.html}", file=out)
     except (OSError, CorruptDataError) as exc:
         print(f"otelgpu report: {exc}", file=sys.stderr)
         return 1
-    if not messages:
+    except RuntimeError as exc:  # plotly missing for --html
+        print(f"otelgpu report: {exc}", file=sys.stderr)
+        return 1
+    if not loaded.messages:
         print(
             "otelgpu report: no readable OTLP export request in "
             + ", ".join(args.files)

@@ -30,38 +30,52 @@ pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
 @pytest.mark.slow
 def test_pipeline_demo_runs_on_the_simulator_and_reports(tmp_path: Path) -> None:
+    """make demo: real torch training (zero code) and real transformers serving on the
+    simulated 8xH100 node with faults; ends with the verdict and writes the HTML report."""
     env = python_env(OTELGPU_RECORDING_DIR=str(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-m", "otelgpu", "demo", "--seconds", "4", "--sim"],
+        [sys.executable, "-m", "otelgpu", "demo", "--seconds", "8", "--sim"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for needle in (
         "simulated GPU",
-        "step time         p50",
-        "latency           p50",
-        "time to 1st token",
-        "util mean 95%",  # healthy-8xh100: 95 % utilization outside the checkpoint dip
-        "throttle_start",
-        "xid",
-        "recording",
+        "sampling 8 GPU(s)",
+        "injected fault: throttle",
+        "injected fault: xid",
+        "optimizer steps; serving tiny-gpt2",
+        "┌─ verdict",
+        "GPU HEALTH",
+        "training   ",
+        "serving    ",
+        "time to first token",
         "sketch add(): native" if otelgpu.NATIVE else "sketch add(): pure Python",
     ):
         assert needle in out, (needle, out)
+    # the verdict card has the training phases the torch instrumentation measured by itself
+    card = out.split("┌─ verdict")[1].split("└")[0]
+    assert re.search(r"data \d+ %", card) and re.search(r"compute \d+ %", card), card
     (recording,) = list(tmp_path.glob("*.otlp.jsonl"))
     assert str(recording) in out
+    html_line = next(line for line in out.splitlines() if "HTML report" in line)
+    html_path = Path(html_line.split("HTML report", 1)[1].strip())
+    assert html_path.exists() and html_path.stat().st_size > 1_000_000
 
     buf = io.StringIO()
     assert report.summarise([str(recording)], buf) > 0
     text = buf.getvalue()
     assert "otelgpu.train.step.duration [-]" in text
-    assert "gen_ai.server.request.duration" in text
+    assert "otelgpu.train.data.wait.duration" in text  # zero-code DataLoader wait
+    assert "otelgpu.train.checkpoint.duration" in text  # the torch.save checkpoint
+    assert "gen_ai.server.time_to_first_token" in text and "tiny-gpt2" in text
     assert "otelgpu.train.step: " in text
+    events = text.split("== GPU health events ==")[1].split("\n\n")[0]
+    assert "throttle_start" in events and "xid" in events
 
 
 def test_pipeline_report_of_missing_file_fails() -> None:

@@ -290,12 +290,12 @@ class GpuMetricsHandle:
             before = self._ecc_seen.get(uuid)
             if uncorrected is not None:
                 self._ecc_seen[uuid] = uncorrected
-        if getattr(sample, "remapped_rows_failure", None) or (
+        if sample.remapped_rows_failure or (
             uncorrected is not None and before is not None and uncorrected > before
         ):
             return "predicted_failure"
         reasons = sample.clock_event_reasons or 0
-        if reasons & _HARDWARE_THROTTLE or getattr(sample, "remapped_rows_pending", None):
+        if reasons & _HARDWARE_THROTTLE or sample.remapped_rows_pending:
             return "degraded"
         return "ok"
 

@@ -66,6 +66,16 @@ class GpuSample(NamedTuple):
         """Names of the active clock-event reasons."""
         return F.reason_names(self.clock_event_reasons or 0)
 
+    @property
+    def remapped_rows_pending(self) -> int | None:
+        """1 while a row remap waits for a GPU reset (``None``: not readable)."""
+        return None if self.remapped_rows is None else self.remapped_rows["pending"]
+
+    @property
+    def remapped_rows_failure(self) -> int | None:
+        """1 after a row remap failed (``None``: not readable)."""
+        return None if self.remapped_rows is None else self.remapped_rows["failure"]
+
 
 class WindowStats(NamedTuple):
     """What one device did during ``[start_ns, end_ns]``.

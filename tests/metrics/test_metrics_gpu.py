@@ -251,6 +251,40 @@ def test_status_degraded_then_predicted_failure(
     assert states() == {"ok": 1, "degraded": 0, "predicted_failure": 0, "failed": 0}
 
 
+def test_status_from_remapped_rows(
+    sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
+) -> None:
+    """hw.state from the sampler's remapped-row fields: a pending remap is degraded, a
+    failed remap predicted_failure; otelgpu.gpu.memory.remapped_rows shows the rows."""
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    u = sampler.devices[0].uuid
+
+    def read() -> tuple[dict[str, int], dict[str, int]]:
+        sampler.sample_once()
+        time.sleep(0.03)  # one collection reads a device's newest sample once per 20 ms
+        got = collect(rd)
+        states = {a["hw.state"]: v for a, v in got["hw.status"][1] if a["hw.id"] == u}
+        rows = {
+            a["otelgpu.gpu.remap.state"]: v
+            for a, v in got["otelgpu.gpu.memory.remapped_rows"][1]
+            if a["hw.id"] == u
+        }
+        return states, rows
+
+    states, rows = read()
+    assert states["ok"] == 1 and rows["pending"] == 0
+    sim_gpu.inject("remap", gpu=0, uncorrectable=1, pending=True)
+    sim_gpu.advance(0.5)
+    states, rows = read()
+    assert states == {"ok": 0, "degraded": 1, "predicted_failure": 0, "failed": 0}
+    assert rows["uncorrectable"] == 1 and rows["pending"] == 1
+    sim_gpu.inject("remap", gpu=0, failure=True)
+    sim_gpu.advance(0.5)
+    states, rows = read()
+    assert states["predicted_failure"] == 1 and rows["failure"] == 1
+
+
 def test_recommended_device_attributes_on_every_series(
     sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
 ) -> None:

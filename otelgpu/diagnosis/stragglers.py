@@ -1,20 +1,28 @@
 """Rank stragglers: which rank holds the others back, and why (pure; no torch).
 
-Every exchange window each rank contributes a :class:`RankSummary` (per-step means of its
+Every exchange window each rank contributes a :class:`RankSummary` (per-step medians of its
 phases, of the time it spent in the k-th collective of a step, and its GPU's state);
 :func:`assess` compares the ranks and :class:`StragglerDetector` reports a rank that stays
 slow.
 
 Why not compare step times: in synchronous training every rank's step takes as long as
-the slowest one's, so a straggler shows up as *extra time in its own work* while the
-others wait for it in a collective. :func:`assess` therefore measures, for each rank, its
-**excess** over a baseline rank in each phase (data, forward, backward, optimizer,
-checkpoint, other) and in each collective slot (the k-th collective of a step). A victim's
-extra wait is not excess: the baseline (the lower median over ranks) is a waiting rank.
-The cause is where the straggler's excess went: data -> ``input``; forward, backward,
-optimizer -> ``compute``; checkpoint -> ``checkpoint``; time *inside* a collective longer
-than its peers spent in the same collective (it entered on time and came out late: a slow
-transport on its side) -> ``communication``; unmeasured host time -> ``host``.
+the slowest one's. A straggler shows up instead in the collectives: the others wait for
+it. :func:`assess` measures, per rank:
+
+* **lateness**: over the collective slots of a step (the k-th collective), how much
+  longer *every other* rank waited than this one (``min over the others - own``, summed
+  over slots). Only the rank the others wait for gets a lateness: a victim is compared
+  with the straggler too, which waited least. Its share of the median step is what the
+  threshold applies to (and what the report calls "the others waited X% of a step").
+  Jobs whose collectives are not seen per call (DDP's gradient all-reduce runs inside
+  backward, in C++) fall back to the own-time skew below.
+* **excess**, to name the cause: the rank's time above a baseline rank (the lower median
+  over ranks) in each phase and in each collective slot. The cause is where most of it
+  went: data -> ``input``; forward, backward, optimizer -> ``compute``; checkpoint ->
+  ``checkpoint``; time *inside* a collective longer than its peers spent in the same
+  collective (it came out late: a slow transport on its side) -> ``communication``;
+  unmeasured host time -> ``host``. A rank slow by the same amount in *every* collective
+  leaves every rank's waits alike: no host timing can single it out.
 
 ``skew`` (exported as ``otelgpu.train.rank.skew``) is the rank's own work per step
 (step minus communication wait) above the median rank's, as a fraction of the median
@@ -48,7 +56,7 @@ COMM_SLOTS = 8
 
 @dataclass(frozen=True)
 class RankSummary:
-    """One rank's exchange-window summary. Times are per-step means in seconds.
+    """One rank's exchange-window summary. Times are per-step medians in seconds.
 
     ``gpu`` holds the rank's GPU state over the window (keys, all optional):
     ``throttled_fraction``, ``throttle_reasons`` (list of names), ``sm_clock_mhz``,
@@ -112,10 +120,10 @@ class RankAssessment:
 
     rank: int
     skew: float
-    excess_s: float
-    excess_share: float  # excess / median step time
+    excess_s: float  # lateness: how much longer every other rank waited for it, per step
+    excess_share: float  # lateness / median step time
     cause: str
-    by_cause: Mapping[str, float]  # seconds of excess per cause
+    by_cause: Mapping[str, float]  # seconds of its own excess time per cause
     evidence: tuple[str, ...] = ()
 
 
@@ -130,7 +138,7 @@ class WindowAssessment:
 
     @property
     def worst(self) -> RankAssessment | None:
-        """The rank with the most excess."""
+        """The rank the others waited for longest."""
         if not self.ranks:
             return None
         return max(self.ranks.values(), key=lambda a: (a.excess_s, -a.rank))
@@ -188,6 +196,9 @@ def assess(rows: Sequence[RankSummary]) -> WindowAssessment:
         _baseline([r.comm_slots[j] if j < len(r.comm_slots) else 0.0 for r in rows])
         for j in range(slots)
     ]
+    def slot(row: RankSummary, j: int) -> float:
+        return row.comm_slots[j] if j < len(row.comm_slots) else 0.0
+
     out: dict[int, RankAssessment] = {}
     for row in rows:
         by_cause: dict[str, float] = {}
@@ -196,22 +207,26 @@ def assess(rows: Sequence[RankSummary]) -> WindowAssessment:
             if extra > 0:
                 cause = PHASE_CAUSE[p]
                 by_cause[cause] = by_cause.get(cause, 0.0) + extra
-        comm_extra = sum(
-            max(0.0, (row.comm_slots[j] if j < len(row.comm_slots) else 0.0) - slot_base[j])
-            for j in range(slots)
-        )
+        comm_extra = sum(max(0.0, slot(row, j) - slot_base[j]) for j in range(slots))
         if comm_extra > 0:
             by_cause["communication"] = comm_extra
-        excess = sum(by_cause.values())
+        others = [o for o in rows if o.rank != row.rank]
+        skew = (row.own_s - median_own) / median_step if median_step > 0 else 0.0
+        if slots and others:
+            lateness = sum(
+                max(0.0, min(slot(o, j) for o in others) - slot(row, j)) for j in range(slots)
+            )
+        else:
+            lateness = max(0.0, skew * median_step)
         cause = max(by_cause, key=lambda c: by_cause[c]) if by_cause else "host"
         evidence: tuple[str, ...] = ()
         if cause == "compute":
-            evidence = gpu_evidence(row, [o for o in rows if o.rank != row.rank])
+            evidence = gpu_evidence(row, others)
         out[row.rank] = RankAssessment(
             rank=row.rank,
-            skew=(row.own_s - median_own) / median_step if median_step > 0 else 0.0,
-            excess_s=excess,
-            excess_share=excess / median_step if median_step > 0 else 0.0,
+            skew=skew,
+            excess_s=lateness,
+            excess_share=lateness / median_step if median_step > 0 else 0.0,
             cause=cause,
             by_cause=by_cause,
             evidence=evidence,
@@ -240,9 +255,9 @@ class StragglerReport:
         where = f"host {self.host or '?'}, GPU {self.gpu_uuid or 'none'}"
         ev = f"; evidence: {'; '.join(self.evidence)}" if self.evidence else ""
         return (
-            f"otelgpu: straggler rank {self.rank} ({where}): cause {self.cause}, "
-            f"{self.excess_share:.0%} of the median step ({self.median_step_s * 1e3:.1f} ms) "
-            f"spent beyond the other ranks, {self.windows} windows in a row "
+            f"otelgpu: straggler rank {self.rank} ({where}): cause {self.cause}; the other "
+            f"ranks waited {self.excess_share:.0%} of the median step "
+            f"({self.median_step_s * 1e3:.1f} ms) for it, {self.windows} windows in a row "
             f"(steps {self.first_step}-{self.last_step}){ev}"
         )
 
@@ -264,11 +279,11 @@ class StragglerReport:
 
 
 class StragglerDetector:
-    """Reports a rank whose excess stays above ``threshold`` for ``persist`` windows.
+    """Reports a rank whose lateness stays above ``threshold`` for ``persist`` windows.
 
     Args:
-        threshold: excess as a fraction of the median step time (default 0.10).
-        min_excess_s: absolute floor on the excess per step (default 1 ms): jitter of
+        threshold: lateness as a fraction of the median step time (default 0.10).
+        min_excess_s: absolute floor on the lateness per step (default 1 ms): jitter of
             very short steps is not a straggler.
         persist: consecutive windows a rank must be flagged in before it is reported.
         repeat_every: while it stays slow, report it again every this many windows.

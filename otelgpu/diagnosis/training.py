@@ -5,8 +5,10 @@ telemetry thread (never the training thread): it splits the step into phases (th
 :class:`PhaseSource`), puts them on the step span and into the phase sketch, feeds the
 detectors (step drift, utilization dips, memory creep), accumulates the run for the
 verdict and, every ``exchange_every`` steps, hands a window summary to the rank exchange
-(:mod:`.exchange`), whose straggler reports come back as a log line, a counter, the
-``otelgpu.train.rank.skew`` gauge and a span event on the next step span.
+(:mod:`.exchange`). Every rank learns the median and the worst rank and exports its own
+``otelgpu.train.rank.skew``; rank 0 alone turns a straggler report into the log line, the
+counter and a span event on its next step span (one report per job, not one per rank);
+every rank's verdict names the stragglers.
 
 Costs per step (telemetry thread): ~10-20 µs of Python (phase split, a few sketch adds);
 every window one GPU window query and a summary.
@@ -54,13 +56,18 @@ def record_phases(record: Any) -> dict[str, int]:
 
 
 class _Window:
-    """Per-step sums of the exchange window in progress."""
+    """Per-step values of the exchange window in progress (bounded by ``exchange_every``).
+
+    The summary sent is the per-step **median** of each phase and collective slot: one
+    slow step (a GC pause, a preempted core) moves a mean, not a median, while a rank that
+    is slow step after step moves both.
+    """
 
     def __init__(self) -> None:
         self.steps = 0
-        self.step_ns = 0
-        self.phases = dict.fromkeys(N.PHASES, 0)
-        self.slots = [0] * COMM_SLOTS
+        self.step_ns: list[int] = []
+        self.phases: dict[str, list[int]] = {p: [] for p in N.PHASES}
+        self.slots: list[list[int]] = [[] for _ in range(COMM_SLOTS)]
         self.first_step = 0
         self.last_step = 0
         self.start_ns = 0
@@ -71,11 +78,16 @@ class _Window:
             self.first_step, self.start_ns = record.step, record.start_ns
         self.steps += 1
         self.last_step, self.end_ns = record.step, record.end_ns
-        self.step_ns += record.end_ns - record.start_ns
-        for p, v in phases.items():
-            self.phases[p] += v
-        for j, v in enumerate(slots):
-            self.slots[min(j, COMM_SLOTS - 1)] += v
+        self.step_ns.append(record.end_ns - record.start_ns)
+        for p in N.PHASES:
+            self.phases[p].append(phases.get(p, 0))
+        padded = list(slots[: COMM_SLOTS - 1]) + [sum(slots[COMM_SLOTS - 1 :])]
+        for j in range(COMM_SLOTS):
+            self.slots[j].append(padded[j] if j < len(padded) else 0)
+
+    @staticmethod
+    def median_s(values: list[int]) -> float:
+        return float(statistics.median(values)) / 1e9 if values else 0.0
 
 
 class TrainingDiagnosis:
@@ -253,14 +265,17 @@ class TrainingDiagnosis:
         exchange = self._ensure_exchange()
         if exchange is None:
             return
-        n = window.steps
         uuid, gpu = self._gpu_state(window.start_ns, window.end_ns)
+        m = window.median_s
+        slots = [m(v) for v in window.slots]
+        while slots and slots[-1] == 0.0:
+            slots.pop()
         summary = RankSummary(
             rank=exchange.rank,
-            steps=n,
-            step_s=window.step_ns / n / 1e9,
-            phases={p: v / n / 1e9 for p, v in window.phases.items()},
-            comm_slots=tuple(v / n / 1e9 for v in window.slots),
+            steps=window.steps,
+            step_s=m(window.step_ns),
+            phases={p: m(v) for p, v in window.phases.items()},
+            comm_slots=tuple(slots),
             host=self.host,
             gpu_uuid=uuid,
             gpu=gpu,
@@ -304,8 +319,9 @@ class TrainingDiagnosis:
             emitter.set_skew(self.rank, mine.skew)
         now = time.time_ns()
         for report in reports:
-            emitter.straggler(report, now)
-            self.summary.add_straggler(report)
+            self.summary.add_straggler(report)  # every rank's verdict names it
+            if self.rank == 0:  # one log line, counter and span event per job
+                emitter.straggler(report, now)
 
     # ------------------------------------------------------------------ verdict
     def gpu_health(self) -> dict[str, Any]:

@@ -15,7 +15,9 @@ it. :func:`assess` measures, per rank:
   with the straggler too, which waited least. Its share of the median step is what the
   threshold applies to (and what the report calls "the others waited X% of a step").
   Jobs whose collectives are not seen per call (DDP's gradient all-reduce runs inside
-  backward, in C++) fall back to the own-time skew below.
+  backward, in C++, so the others' wait hides in their backward) fall back to the rank's
+  total excess below: a victim's longer backward is not excess, since the lower median
+  over ranks is a victim's.
 * **excess**, to name the cause: the rank's time above a baseline rank (the lower median
   over ranks) in each phase and in each collective slot. The cause is where most of it
   went: data -> ``input``; forward, backward, optimizer -> ``compute``; checkpoint ->
@@ -216,8 +218,8 @@ def assess(rows: Sequence[RankSummary]) -> WindowAssessment:
             lateness = sum(
                 max(0.0, min(slot(o, j) for o in others) - slot(row, j)) for j in range(slots)
             )
-        else:
-            lateness = max(0.0, skew * median_step)
+        else:  # no collective seen per call: the rank's own excess time
+            lateness = sum(by_cause.values())
         cause = max(by_cause, key=lambda c: by_cause[c]) if by_cause else "host"
         evidence: tuple[str, ...] = ()
         if cause == "compute":

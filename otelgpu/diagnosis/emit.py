@@ -50,7 +50,11 @@ class _Instruments:
             unit=N.RANK_SKEW.unit,
             description=N.RANK_SKEW.description,
         )
+        from otelgpu.otel.sketches import freeze
+
         self.phase_attrs = {p: {N.ATTR_PHASE: p} for p in N.PHASES}
+        # series keys frozen once: a step's seven records skip the per-call freeze
+        self.phase_keys = {p: freeze(a) for p, a in self.phase_attrs.items()}
 
     def observe_skew(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self.lock:
@@ -88,10 +92,10 @@ class Emitter:
     # ------------------------------------------------------------------ phases
     def phases(self, phases: Mapping[str, int]) -> None:
         """Records one step's phases (ns) into the phase sketch (seconds)."""
-        hist = self._inst.phase
-        attrs = self._inst.phase_attrs
+        inst = self._inst
+        record, attrs, keys = inst.phase.record_frozen, inst.phase_attrs, inst.phase_keys
         for p, ns in phases.items():
-            hist.record(ns / 1e9, attrs[p])
+            record(ns / 1e9, keys[p], attrs[p])
 
     def set_skew(self, rank: int, skew: float) -> None:
         """This rank's latest skew (exported by ``otelgpu.train.rank.skew``)."""

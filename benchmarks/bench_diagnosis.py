@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_torch import _epoch, _runtime, _setup  # noqa: E402
+from bench_torch import _epoch, _runtime, _setup
 
 RESULTS = Path(__file__).resolve().parent / "results" / "diagnosis.md"
 TARGET = 0.005
@@ -194,8 +194,18 @@ def _traceml(reps: int, steps: int, hidden: int, batch: int) -> dict[str, Any] |
     with tempfile.TemporaryDirectory() as logs:
         exe = Path(sys.executable).with_name("traceml")
         server = subprocess.Popen(
-            [str(exe), "serve", "--mode", "summary", "--aggregator-port", str(port),
-             "--logs-dir", logs, "--run-name", "bench"],
+            [
+                str(exe),
+                "serve",
+                "--mode",
+                "summary",
+                "--aggregator-port",
+                str(port),
+                "--logs-dir",
+                logs,
+                "--run-name",
+                "bench",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -207,9 +217,21 @@ def _traceml(reps: int, steps: int, hidden: int, batch: int) -> dict[str, Any] |
                         break
                 time.sleep(0.2)
             child = subprocess.run(
-                [sys.executable, "-c", TRACEML_CHILD, str(Path(__file__).resolve().parent),
-                 str(reps), str(steps), str(hidden), str(batch), str(port), logs],
-                capture_output=True, text=True, timeout=600,
+                [
+                    sys.executable,
+                    "-c",
+                    TRACEML_CHILD,
+                    str(Path(__file__).resolve().parent),
+                    str(reps),
+                    str(steps),
+                    str(hidden),
+                    str(batch),
+                    str(port),
+                    logs,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
         finally:
             server.terminate()
@@ -288,9 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for m in modes:
         lines.append(f"| {m} | {med[m] * 1e3:.3f} ms | {med[m] / med['plain'] - 1:+.2%} |")
     if isinstance(traceml, dict):
+        ratio = traceml["traceml"] / traceml["plain"] - 1
         lines.append(
             f"| traceml (own process: plain {traceml['plain'] * 1e3:.3f} ms) | "
-            f"{traceml['traceml'] * 1e3:.3f} ms | {traceml['traceml'] / traceml['plain'] - 1:+.2%} |"
+            f"{traceml['traceml'] * 1e3:.3f} ms | {ratio:+.2%} |"
         )
     elif traceml is not None:
         lines.append(f"| traceml | {traceml} | |")

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from otelgpu.diagnosis.training import TrainingDiagnosis
     from otelgpu.diagnosis.summary import Verdict
+    from otelgpu.diagnosis.training import TrainingDiagnosis
 
 __all__ = ["active", "verdict"]
 

@@ -20,6 +20,7 @@ silent on a healthy series. Not thread-safe: one thread feeds each detector.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -45,7 +46,7 @@ _Z = 3.0  # confidence band half-width in standard deviations (~99.7 %)
 
 def relative_error_bound(sketch: QuantileSketch) -> float:
     """Worst-case relative error of any quantile of ``sketch`` (from its scale)."""
-    base = 2.0 ** (2.0 ** -sketch.scale)
+    base: float = 2.0 ** (2.0 ** -float(sketch.scale))
     return (base - 1.0) / (base + 1.0)
 
 
@@ -188,7 +189,7 @@ class LatencyDrift(QuantileDrift):
 class UtilizationDips:
     """Periodic dips in a per-step utilization series (fractions 0..1).
 
-    A dip is a step below ``dip_ratio`` × the window's median. Reported when a window of
+    A dip is a step below ``dip_ratio`` x the window's median. Reported when a window of
     ``window`` steps holds at least ``min_dips`` dips spaced regularly (coefficient of
     variation of the spacing <= ``max_cv``): the data-loader pattern. Random dips, or
     none, stay silent. ``data_share`` per step (optional) is averaged over dip steps and
@@ -229,7 +230,7 @@ class UtilizationDips:
         dips = [i for i, (v, _) in enumerate(values) if v < self.dip_ratio * med]
         if len(dips) < self.min_dips or len(dips) > len(values) // 2:
             return None
-        gaps = [b - a for a, b in zip(dips, dips[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(dips)]
         mean_gap = statistics.fmean(gaps)
         cv = statistics.pstdev(gaps) / mean_gap if mean_gap > 0 else math.inf
         if cv > self.max_cv or not self._limit.allow("dips", self._windows):

@@ -20,6 +20,7 @@ raise ``exchange_every`` or rely on the Prometheus rules.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import queue
@@ -117,10 +118,8 @@ class Exchange:
         if self.closed:
             return
         self.closed = True
-        try:
+        with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
-        except queue.Full:
-            pass
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -166,8 +165,6 @@ class Exchange:
         store.wait(keys, self.timeout)
         raw = store.multi_get(keys)
         if window >= 2:
-            try:
+            with contextlib.suppress(Exception):  # cleanup is best effort
                 store.delete_key(self._key(window - 2, self.rank))
-            except Exception:  # noqa: BLE001 - cleanup is best effort
-                pass
         return [RankSummary.from_bytes(bytes(v)) for v in raw]

@@ -49,7 +49,9 @@ def _bool(value: Any, where: str) -> bool:
     raise ConfigurationError(where, value, "true or false")
 
 
-def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> DiagnosisSettings:
+def resolve(
+    kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> DiagnosisSettings:
     """Builds the settings; raises ``ConfigurationError`` naming a bad keyword or variable."""
     env = os.environ if environ is None else environ
     d = DiagnosisSettings()
@@ -68,7 +70,9 @@ def resolve(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None)
                 raise ValueError(value)
         except (TypeError, ValueError):
             raise ConfigurationError(where, value, "an integer >= 0 (0: no exchange)") from None
-    value, where = _raw(kwargs, env, "straggler_threshold", ev.OTELGPU_DIAGNOSIS_STRAGGLER_THRESHOLD)
+    value, where = _raw(
+        kwargs, env, "straggler_threshold", ev.OTELGPU_DIAGNOSIS_STRAGGLER_THRESHOLD
+    )
     threshold = d.straggler_threshold
     if value is not None:
         try:

@@ -198,6 +198,7 @@ def assess(rows: Sequence[RankSummary]) -> WindowAssessment:
         _baseline([r.comm_slots[j] if j < len(r.comm_slots) else 0.0 for r in rows])
         for j in range(slots)
     ]
+
     def slot(row: RankSummary, j: int) -> float:
         return row.comm_slots[j] if j < len(row.comm_slots) else 0.0
 

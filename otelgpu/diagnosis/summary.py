@@ -29,7 +29,11 @@ __all__ = ["RunSummary", "Verdict", "bottleneck"]
 
 VERSION = 1
 
-_RULES = (("input", "data", 0.20), ("communication", "comm", 0.25), ("checkpoint", "checkpoint", 0.15))
+_RULES = (
+    ("input", "data", 0.20),
+    ("communication", "comm", 0.25),
+    ("checkpoint", "checkpoint", 0.15),
+)
 
 
 def bottleneck(shares: Mapping[str, float]) -> str:
@@ -71,7 +75,7 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
-        known = {f for f in cls.__dataclass_fields__}
+        known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def text(self) -> str:
@@ -88,9 +92,7 @@ class Verdict:
             f"p95 {ms(self.step_p95_s)}, total {self.step_time_s:.1f} s",
             "  phases: "
             + "  ".join(
-                f"{p} {self.phase_shares.get(p, 0.0):.0%}"
-                for p in PHASES
-                if p in self.phase_shares
+                f"{p} {self.phase_shares.get(p, 0.0):.0%}" for p in PHASES if p in self.phase_shares
             ),
         ]
         if self.stragglers:
@@ -103,8 +105,7 @@ class Verdict:
         else:
             lines.append("  stragglers: none")
         for label, items in (("drift", self.drift), ("memory", self.creep), ("dips", self.dips)):
-            for msg in items[-2:]:
-                lines.append(f"  {label}: {msg.removeprefix('otelgpu: ')}")
+            lines.extend(f"  {label}: {msg.removeprefix('otelgpu: ')}" for msg in items[-2:])
         if not (self.drift or self.creep or self.dips):
             lines.append("  drift / memory creep / utilization dips: none")
         if self.gpu:

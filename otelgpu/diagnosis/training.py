@@ -81,7 +81,7 @@ class _Window:
         self.step_ns.append(record.end_ns - record.start_ns)
         for p in N.PHASES:
             self.phases[p].append(phases.get(p, 0))
-        padded = list(slots[: COMM_SLOTS - 1]) + [sum(slots[COMM_SLOTS - 1 :])]
+        padded = [*slots[: COMM_SLOTS - 1], sum(slots[COMM_SLOTS - 1 :])]
         for j in range(COMM_SLOTS):
             self.slots[j].append(padded[j] if j < len(padded) else 0)
 
@@ -207,7 +207,9 @@ class TrainingDiagnosis:
         except Exception as exc:  # noqa: BLE001 - best effort
             self._error("diagnosis.gpu_window", exc)
             return None
-        vals = [w.gpu_util_mean_pct for w in windows.values() if w and w.gpu_util_mean_pct is not None]
+        vals = [
+            w.gpu_util_mean_pct for w in windows.values() if w and w.gpu_util_mean_pct is not None
+        ]
         return statistics.fmean(vals) / 100.0 if vals else None
 
     def _memory_limit(self, snap: Any) -> float | None:
@@ -245,15 +247,14 @@ class TrainingDiagnosis:
         for uuid, w in windows.items():
             if w is None:
                 continue
-            g: dict[str, Any] = {}
-            for key, value in (
+            util = None if w.gpu_util_mean_pct is None else w.gpu_util_mean_pct / 100
+            fields = (
                 ("throttled_fraction", w.throttled_fraction),
                 ("sm_clock_mhz", w.sm_clock_mean_mhz),
                 ("temperature_max_c", w.temperature_max_c),
-                ("utilization", None if w.gpu_util_mean_pct is None else w.gpu_util_mean_pct / 100),
-            ):
-                if value is not None:
-                    g[key] = value
+                ("utilization", util),
+            )
+            g: dict[str, Any] = {key: value for key, value in fields if value is not None}
             if w.throttle_reason_names:
                 g["throttle_reasons"] = list(w.throttle_reason_names)
             if w.xids:
@@ -334,9 +335,19 @@ class TrainingDiagnosis:
             return out
         try:
             windows = sampler.windows(first, last)
-            temps = [w.temperature_max_c for w in windows.values() if w and w.temperature_max_c is not None]
-            fracs = [w.throttled_fraction for w in windows.values() if w and w.throttled_fraction is not None]
-            reasons = sorted({r for w in windows.values() if w for r in w.throttle_reason_names} - {"gpu_idle"})
+            temps = [
+                w.temperature_max_c
+                for w in windows.values()
+                if w and w.temperature_max_c is not None
+            ]
+            fracs = [
+                w.throttled_fraction
+                for w in windows.values()
+                if w and w.throttled_fraction is not None
+            ]
+            reasons = sorted(
+                {r for w in windows.values() if w for r in w.throttle_reason_names} - {"gpu_idle"}
+            )
             xids = sorted({x for w in windows.values() if w for x in w.xids})
             if temps:
                 out["temperature_max_c"] = max(temps)

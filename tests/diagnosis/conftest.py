@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch"))
 
-from torch_helpers import RuntimeHarness  # noqa: E402
+from torch_helpers import RuntimeHarness
 
 
 @pytest.fixture

@@ -131,11 +131,17 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
         got = feed(rows)  # type: ignore[arg-type]
         latest = diagnosis.stragglers.latest
         if latest is not None:
-            assessed.append({
-                str(r): [round(a.excess_share, 3), a.cause, round(a.skew, 3),
-                         {k: round(v * 1e3, 2) for k, v in a.by_cause.items()}]
-                for r, a in latest.ranks.items()
-            })
+            assessed.append(
+                {
+                    str(r): [
+                        round(a.excess_share, 3),
+                        a.cause,
+                        round(a.skew, 3),
+                        {k: round(v * 1e3, 2) for k, v in a.by_cause.items()},
+                    ]
+                    for r, a in latest.ranks.items()
+                }
+            )
         return got
 
     diagnosis.stragglers.feed = feed_and_keep  # type: ignore[method-assign]
@@ -177,12 +183,13 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
         total = sum(a[N.SPAN_PHASE_PREFIX + p] for p in N.PHASES)
         sums.append(total / ((s.end_time - s.start_time) / 1e9))
     events = [
-        dict(e.attributes) for s in spans for e in s.events if e.name == "otelgpu.diagnosis.straggler"
+        dict(e.attributes)
+        for s in spans
+        for e in s.events
+        if e.name == "otelgpu.diagnosis.straggler"
     ]
     latest_window = diagnosis.stragglers.latest
-    findings = {
-        tuple(sorted(a.items())): v for a, v in h.metrics().get(N.FINDINGS.name, [])
-    }
+    findings = {tuple(sorted(a.items())): v for a, v in h.metrics().get(N.FINDINGS.name, [])}
     skew = [v for a, v in h.metrics().get(N.RANK_SKEW.name, [])]
     result = {
         "rank": rank,
@@ -190,16 +197,26 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
         "steps": len(spans),
         "phase_sum_ratios": sums,
         "reports": [
-            {"rank": r.rank, "cause": r.cause, "gpu_uuid": r.gpu_uuid, "host": r.host,
-             "evidence": list(r.evidence), "excess_share": r.excess_share,
-             "scenario": SCENARIOS[(r.last_step - 1) // SEGMENT]}
+            {
+                "rank": r.rank,
+                "cause": r.cause,
+                "gpu_uuid": r.gpu_uuid,
+                "host": r.host,
+                "evidence": list(r.evidence),
+                "excess_share": r.excess_share,
+                "scenario": SCENARIOS[(r.last_step - 1) // SEGMENT],
+            }
             for r in diagnosis.stragglers.reported
         ],
-        "events": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in e.items()} for e in events],
+        "events": [
+            {k: (list(v) if isinstance(v, tuple) else v) for k, v in e.items()} for e in events
+        ],
         "logs": [line for line in handler.lines if "straggler" in line],
         "findings": [[dict(k), v] for k, v in findings.items()],
         "skew": skew,
-        "worst": None if latest_window is None or latest_window.worst is None else latest_window.worst.rank,
+        "worst": None
+        if latest_window is None or latest_window.worst is None
+        else latest_window.worst.rank,
         "windows": diagnosis.stragglers.windows,
         "assessed": assessed,
         "exchange_timeouts": diagnosis.exchange.timeouts if diagnosis.exchange else None,
@@ -219,4 +236,6 @@ NOMINAL_CLOCK_MHZ = 1980  # H100-SXM boost clock in the simulator's model
 
 if __name__ == "__main__":
     port, out, sim_toml = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    mp.start_processes(worker, args=(port, out, sim_toml), nprocs=WORLD, join=True, start_method="fork")
+    mp.start_processes(
+        worker, args=(port, out, sim_toml), nprocs=WORLD, join=True, start_method="fork"
+    )

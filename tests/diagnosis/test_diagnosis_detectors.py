@@ -88,7 +88,9 @@ def test_diagnosis_latency_drift_p99() -> None:
     healthy = [0.05 * rng.lognormvariate(0, 0.3) for _ in range(2000)]
     assert [f for v in healthy if (f := d.add(v))] == []
     # the tail grows (queueing): 5 % of requests now wait 4x longer
-    tail = [0.05 * rng.lognormvariate(0, 0.3) * (4 if rng.random() < 0.05 else 1) for _ in range(800)]
+    tail = [
+        0.05 * rng.lognormvariate(0, 0.3) * (4 if rng.random() < 0.05 else 1) for _ in range(800)
+    ]
     found = [f for v in tail if (f := d.add(v))]
     assert found and found[0].kind == "latency_drift"
     assert "otelgpu.diagnosis.shift.p99" in found[0].attributes
@@ -172,8 +174,15 @@ def test_diagnosis_memory_creep_silent(seed: int) -> None:
 
 # ----------------------------------------------------------------------------- stragglers
 def _row(rank: int, **phases: float) -> RankSummary:
-    base = {"data": 0.002, "forward": 0.004, "backward": 0.006, "optimizer": 0.001,
-            "comm": 0.0, "checkpoint": 0.0, "other": 0.0005}
+    base = {
+        "data": 0.002,
+        "forward": 0.004,
+        "backward": 0.006,
+        "optimizer": 0.001,
+        "comm": 0.0,
+        "checkpoint": 0.0,
+        "other": 0.0005,
+    }
     base.update(phases)
     slots = (base.pop("slot0", 0.0005), base.pop("slot1", 0.0005))
     base["comm"] = sum(slots)
@@ -198,7 +207,9 @@ def test_diagnosis_straggler_needs_persistence_and_checkpoint_cause() -> None:
     assert det.feed(healthy) == []  # streak broken
     assert det.feed(slow) == []
     reports = det.feed(slow)
-    assert [(r.rank, r.cause, r.host, r.gpu_uuid) for r in reports] == [(7, "checkpoint", "n0", "GPU-7")]
+    assert [(r.rank, r.cause, r.host, r.gpu_uuid) for r in reports] == [
+        (7, "checkpoint", "n0", "GPU-7")
+    ]
     assert "straggler rank 7" in reports[0].message()
 
 
@@ -206,8 +217,17 @@ def test_diagnosis_no_collective_slots_fall_back_to_skew() -> None:
     # DDP: gradient all-reduce inside backward, no per-call collectives seen
     # (the others wait for rank 2 inside their backward)
     rows = [
-        RankSummary(r, 50, 0.022, {"data": 0.002, "forward": 0.009 if r == 2 else 0.005,
-                                   "backward": 0.01 if r == 2 else 0.014, "other": 0.001})
+        RankSummary(
+            r,
+            50,
+            0.022,
+            {
+                "data": 0.002,
+                "forward": 0.009 if r == 2 else 0.005,
+                "backward": 0.01 if r == 2 else 0.014,
+                "other": 0.001,
+            },
+        )
         for r in range(4)
     ]
     got = assess(rows)
@@ -215,8 +235,18 @@ def test_diagnosis_no_collective_slots_fall_back_to_skew() -> None:
 
 
 def test_diagnosis_summary_roundtrip() -> None:
-    row = RankSummary(3, 10, 0.01, {"data": 0.001}, (0.002,), "h", "GPU-x",
-                      {"throttled_fraction": 0.5, "throttle_reasons": ["hw_slowdown"]}, 11, 20)
+    row = RankSummary(
+        3,
+        10,
+        0.01,
+        {"data": 0.001},
+        (0.002,),
+        "h",
+        "GPU-x",
+        {"throttled_fraction": 0.5, "throttle_reasons": ["hw_slowdown"]},
+        11,
+        20,
+    )
     assert RankSummary.from_bytes(row.to_bytes()) == row
 
 
@@ -235,7 +265,9 @@ class _DictStore:
 
     def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
         with self.cond:
-            if not self.cond.wait_for(lambda: all(k in self.data for k in keys), timeout.total_seconds()):
+            if not self.cond.wait_for(
+                lambda: all(k in self.data for k in keys), timeout.total_seconds()
+            ):
                 raise RuntimeError("Socket Timeout")
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
@@ -307,7 +339,13 @@ def test_diagnosis_verdict_text_fits_a_screen() -> None:
     det = StragglerDetector(persist=1)
     for report in det.feed([_row(0, slot0=0.0085), _row(1, slot0=0.0085), _row(2, data=0.01)]):
         s.add_straggler(report)
-    v = s.verdict({"temperature_max_c": 84, "throttled_fraction": 0.4, "throttle_reasons": ["sw_thermal_slowdown"]})
+    v = s.verdict(
+        {
+            "temperature_max_c": 84,
+            "throttled_fraction": 0.4,
+            "throttle_reasons": ["sw_thermal_slowdown"],
+        }
+    )
     text = v.text()
     assert v.bottleneck == "input" and "input-bound" in text
     assert "straggler: rank 2" in text and "throttled 40%" in text

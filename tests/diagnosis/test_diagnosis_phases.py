@@ -56,7 +56,9 @@ def _loop(harness: RuntimeHarness) -> list[dict[str, float]]:
     model = SlowForward()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.randn(8 * (STEPS + 1), 32), torch.randn(8 * (STEPS + 1), 1)),
+        torch.utils.data.TensorDataset(
+            torch.randn(8 * (STEPS + 1), 32), torch.randn(8 * (STEPS + 1), 1)
+        ),
         batch_size=8,
     )
     it = iter(loader)
@@ -152,9 +154,10 @@ def test_diagnosis_hooks_are_undone(harness: RuntimeHarness) -> None:
     _loop(harness)
     model = SlowForward()
     harness.close()
-    assert torch.autograd.backward is before[0] or getattr(
-        torch.autograd.backward, "__wrapped__", None
-    ) is None
+    assert (
+        torch.autograd.backward is before[0]
+        or getattr(torch.autograd.backward, "__wrapped__", None) is None
+    )
     assert dict(torch.nn.modules.module._global_forward_pre_hooks) == before[1]
     assert not model._forward_pre_hooks
 
@@ -162,11 +165,24 @@ def test_diagnosis_hooks_are_undone(harness: RuntimeHarness) -> None:
 def test_diagnosis_split_step_rules() -> None:
     # collectives inside forward count once, as comm
     got = split_step(
-        0, 100, data_ns=10, comm_ns=20, optimizer_ns=5,
-        forward=[(10, 50)], backward=[(50, 90)], comm=[(30, 40), (80, 90)],
+        0,
+        100,
+        data_ns=10,
+        comm_ns=20,
+        optimizer_ns=5,
+        forward=[(10, 50)],
+        backward=[(50, 90)],
+        comm=[(30, 40), (80, 90)],
     )
-    assert got == {"data": 10, "forward": 30, "backward": 30, "optimizer": 5,
-                   "comm": 20, "checkpoint": 0, "other": 5}
+    assert got == {
+        "data": 10,
+        "forward": 30,
+        "backward": 30,
+        "optimizer": 5,
+        "comm": 20,
+        "checkpoint": 0,
+        "other": 5,
+    }
     # unsubtracted overlap (a data fetch inside forward) comes out of forward first
     got = split_step(0, 100, data_ns=30, forward=[(0, 90)])
     assert got["forward"] == 70 and sum(got.values()) == 100 and got["other"] == 0

@@ -103,8 +103,14 @@ def _reported_once_by_rank0(job: dict[int, dict[str, Any]], rank: int, cause: st
     assert len(lines) == 1, zero["logs"]
     line = lines[0]
     assert f"cause {cause};" in line and job[rank]["uuid"] in line and "host " in line
-    assert [e["otelgpu.dist.rank"] for e in zero["events"] if e["otelgpu.diagnosis.cause"] == cause] == [rank]
-    assert [v for a, v in zero["findings"] if a == {"otelgpu.diagnosis.kind": "straggler", "otelgpu.diagnosis.cause": cause}] == [1]
+    assert [
+        e["otelgpu.dist.rank"] for e in zero["events"] if e["otelgpu.diagnosis.cause"] == cause
+    ] == [rank]
+    assert [
+        v
+        for a, v in zero["findings"]
+        if a == {"otelgpu.diagnosis.kind": "straggler", "otelgpu.diagnosis.cause": cause}
+    ] == [1]
     for other in (1, 2, 3):  # one report per job, not one per rank
         assert job[other]["logs"] == [] and job[other]["events"] == []
     for r in job.values():
@@ -119,8 +125,10 @@ def test_diagnosis_ranks_healthy_scenario_has_no_straggler(job: dict[int, dict[s
     false_positives = sum(
         1 for r in job.values() for x in r["reports"] if x["scenario"] == "healthy"
     )
-    print(f"healthy scenario: {false_positives} straggler false positives; worst lateness "
-          f"per window {healthy} (threshold 0.10)")
+    print(
+        f"healthy scenario: {false_positives} straggler false positives; worst lateness "
+        f"per window {healthy} (threshold 0.10)"
+    )
     assert false_positives == 0
     # and no rank was reported in a scenario where it was not the slowed one
     expected = {("input", 2, "input"), ("comm", 3, "communication"), ("compute", 1, "compute")}

@@ -20,14 +20,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 
-from backends_support import (  # noqa: E402
+from backends_support import (
     exposition_names,
     otelgpu_metric_tables,
     promql_metric_names,
     require_binaries,
 )
 
-from otelgpu.diagnosis import names as N  # noqa: E402
+from otelgpu.diagnosis import names as N
 
 pytestmark = pytest.mark.backend
 
@@ -63,7 +63,9 @@ def test_diagnosis_rules_unit_tests_pass() -> None:
 def test_diagnosis_rules_catch_a_wrong_threshold(tmp_path: Path) -> None:
     # A straggler threshold of 20 % would miss rank 2 (17 %): the tests must notice.
     rules = RULES.read_text()
-    loosened = rules.replace("otelgpu:train_rank_skew:ratio > 0.10", "otelgpu:train_rank_skew:ratio > 0.20")
+    loosened = rules.replace(
+        "otelgpu:train_rank_skew:ratio > 0.10", "otelgpu:train_rank_skew:ratio > 0.20"
+    )
     assert loosened != rules
     (tmp_path / RULES.name).write_text(loosened)
     (tmp_path / RULES_TEST.name).write_text(RULES_TEST.read_text())

@@ -118,6 +118,8 @@ def _after_fork_in_child() -> None:
         active[1]._queue.clear()  # the parent's steps; its worker thread did not survive
         active[1]._worker = None
         active[0].started = False
+        for extension in reversed(active[0].extensions):
+            extension.undo()
         active[0].installation.undo()
         TorchInstrumentor()._is_instrumented_by_opentelemetry = False
     except Exception:  # noqa: BLE001 - never fail a fork

@@ -22,6 +22,7 @@ enabled). Every hook is a pass-through when ``GATE.on`` is False and never raise
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
@@ -128,10 +129,8 @@ class PhaseHooks:
     def undo(self) -> None:
         """Removes every hook and wrapper. Idempotent."""
         for handle in self._global + self._instance:
-            try:
+            with contextlib.suppress(Exception):  # a module gone with its hooks
                 handle.remove()
-            except Exception:  # noqa: BLE001 - a module gone with its hooks
-                pass
         self._global, self._instance = [], []
         self.discovering = False
         self.patches.undo()

@@ -95,7 +95,7 @@ class Session:
         for extension in self.extensions:
             try:
                 extension.install(torch)
-            except Exception as exc:  # noqa: BLE001 - never raise into the host
+            except Exception as exc:  # noqa: BLE001, PERF203 - never raise into the host
                 self.sink.error("torch.install", exc)
 
     def start(self) -> None:
@@ -120,7 +120,7 @@ class Session:
             for extension in reversed(self.extensions):
                 try:
                     extension.undo()
-                except Exception as exc:  # noqa: BLE001 - undo the rest anyway
+                except Exception as exc:  # noqa: BLE001, PERF203 - undo the rest anyway
                     self.sink.error("torch.uninstall", exc)
             self.installation.undo()
 

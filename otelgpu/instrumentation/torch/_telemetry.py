@@ -449,7 +449,7 @@ class Telemetry:
         for observer in self.step_observers:
             try:
                 observer(record, fields, events)
-            except Exception as exc:  # noqa: BLE001 - never raise into the host
+            except Exception as exc:  # noqa: BLE001, PERF203 - never raise into the host
                 self.error("torch.step_observer", exc)
         sampled = self.span_every <= 1 or record.step % self.span_every == 1 or events
         self._emit(rt, record, fields, events, sampled=bool(sampled))

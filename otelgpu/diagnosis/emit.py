@@ -34,22 +34,11 @@ Event = tuple[str, int, dict[str, object]]
 
 class _Instruments:
     def __init__(self, rt: Any) -> None:
-        from otelgpu.otel.counters import LocalCounter
-
-        self.phase = rt.sketch_histogram(
-            N.PHASE_DURATION.name, N.PHASE_DURATION.unit, N.PHASE_DURATION.description
-        )
-        self.findings = LocalCounter(
-            rt.meter, N.FINDINGS.name, N.FINDINGS.unit, N.FINDINGS.description
-        )
+        self.phase = rt.instrument(N.PHASE_DURATION)
+        self.findings = rt.instrument(N.FINDINGS)
         self.skew: dict[int, float] = {}
         self.lock = threading.Lock()
-        rt.meter.create_observable_gauge(
-            N.RANK_SKEW.name,
-            callbacks=[self.observe_skew],
-            unit=N.RANK_SKEW.unit,
-            description=N.RANK_SKEW.description,
-        )
+        rt.instrument(N.RANK_SKEW, self.observe_skew)
         from otelgpu.otel.sketches import freeze
 
         self.phase_attrs = {p: {N.ATTR_PHASE: p} for p in N.PHASES}

@@ -1,20 +1,32 @@
-"""Names of what the diagnosis package exports (one table; ``docs/diagnosis.md`` documents it).
-
-Phases, findings, the rank-skew gauge and the end-of-run verdict span. Metric kinds follow
-``otelgpu.otel.names`` (``sketch`` = OTLP exponential histogram plus quantile gauges).
+"""Names of what the diagnosis package exports: phases, causes, span attributes and events,
+the verdict span. The metrics themselves are specs of :mod:`otelgpu.metrics.catalog`
+(``PHASE_DURATION``, ``RANK_SKEW``, ``FINDINGS``, re-exported here); ``docs/diagnosis.md``
+documents all of it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from otelgpu.metrics.catalog import FINDINGS, PHASE_DURATION, RANK_SKEW
 
-
-class DiagnosisMetric(NamedTuple):
-    name: str
-    kind: str  # "sketch" | "counter" | "gauge"
-    unit: str
-    description: str
-    attributes: tuple[str, ...] = ()
+__all__ = [
+    "ALL",
+    "ATTR_CAUSE",
+    "ATTR_KIND",
+    "ATTR_PHASE",
+    "ATTR_RANK",
+    "CAUSES",
+    "EVENT_PREFIX",
+    "FINDINGS",
+    "KINDS",
+    "PHASES",
+    "PHASE_CAUSE",
+    "PHASE_DURATION",
+    "RANK_SKEW",
+    "SPAN_PHASE_PREFIX",
+    "VERDICT_BOTTLENECK",
+    "VERDICT_JSON",
+    "VERDICT_SPAN",
+]
 
 
 #: Phases of a training step, in the order they are reported. They partition the step:
@@ -42,29 +54,6 @@ ATTR_CAUSE = "otelgpu.diagnosis.cause"
 
 #: Span attribute of one phase's duration (s) on the step span: ``otelgpu.train.phase.<p>``.
 SPAN_PHASE_PREFIX = "otelgpu.train.phase."
-
-PHASE_DURATION = DiagnosisMetric(
-    "otelgpu.train.phase.duration",
-    "sketch",
-    "s",
-    "Time one training step spent in one phase (the phases sum to the step time).",
-    (ATTR_PHASE,),
-)
-RANK_SKEW = DiagnosisMetric(
-    "otelgpu.train.rank.skew",
-    "gauge",
-    "1",
-    "This rank's own work per step (step time minus communication wait) above the median "
-    "rank's, as a fraction of the median step time (latest exchange window).",
-    (ATTR_RANK,),
-)
-FINDINGS = DiagnosisMetric(
-    "otelgpu.diagnosis.findings",
-    "counter",
-    "{finding}",
-    "Findings reported by the diagnosis detectors (stragglers, drift, dips, memory creep).",
-    (ATTR_KIND, ATTR_CAUSE),
-)
 
 ALL = (PHASE_DURATION, RANK_SKEW, FINDINGS)
 

@@ -19,9 +19,9 @@ The otelgpu modes are interleaved (the order rotates every repetition); each mod
 each timed repetition. Also measured directly: the hooks' cost per step on the training
 thread and the diagnosis work per step on the telemetry thread.
 
-Run: ``.venv/bin/python benchmarks/bench_diagnosis.py`` (about a minute). Writes
-``benchmarks/results/diagnosis.md``; exits 1 if phases + exchange cost 0.5 % or more of a
-step (``otelgpu+diagnosis`` against ``otelgpu``).
+Run: ``.venv/bin/python benchmarks/bench_diagnosis.py`` (about two minutes). Writes
+``benchmarks/results/diagnosis.md``; exits 1 if phases + exchange add 0.5 % or more of a
+plain step in process CPU time (all threads; ``otelgpu+diagnosis`` against ``otelgpu``).
 """
 
 from __future__ import annotations
@@ -113,6 +113,20 @@ def _components(runtime: Any) -> dict[str, float]:
 
         out["phase hooks on the training thread (root forward pre+post, backward interval)"] = best(
             training_thread
+        )
+        # What torch itself adds when a module has hooks: the root call leaves the fast path.
+        root = torch.nn.Sequential(torch.nn.Identity())
+        x = torch.zeros(1)
+        bare = best(lambda: root(x))
+        handles = [
+            root.register_forward_pre_hook(hooks._root_pre),
+            root.register_forward_hook(hooks._root_post, always_call=True),
+        ]
+        hooked = best(lambda: root(x))
+        for h in handles:
+            h.remove()
+        out["root module call with its two instance hooks, minus without (torch dispatch)"] = (
+            hooked - bare
         )
     finally:
         GATE.on = was
@@ -269,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     modes = ("plain", "otelgpu", "otelgpu+diagnosis")
     times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, float] = dict.fromkeys(modes, 0.0)
     windows = 0
     for rep in range(args.reps):
         order = modes[rep % 3 :] + modes[: rep % 3]
@@ -277,11 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if mode != "plain":
                 inst = _instrument(runtime, mode == "otelgpu+diagnosis", factory)
             try:
+                c0 = time.process_time()
                 steps = _epoch(model, opt, loader)
                 if inst is not None:
                     f0 = time.perf_counter()
                     flush()
                     steps[-1] += time.perf_counter() - f0
+                cpu[mode] += time.process_time() - c0
                 times[mode].extend(steps)
             finally:
                 if inst is not None:
@@ -292,7 +309,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         windows += active.windows_sent
                     inst.uninstrument()
     med = {m: statistics.median(v) for m, v in times.items()}
-    diag_cost = med["otelgpu+diagnosis"] / med["otelgpu"] - 1
+    cpu_step = {m: cpu[m] / len(times[m]) for m in modes}
+    wall_cost = med["otelgpu+diagnosis"] / med["otelgpu"] - 1
+    # The criterion: process CPU time (all threads: training, telemetry, exchange) that
+    # diagnosis adds per step, as a share of the plain step. On a shared 2-core machine the
+    # wall-clock medians move by several % between repetitions; CPU time does not.
+    diag_cost = (cpu_step["otelgpu+diagnosis"] - cpu_step["otelgpu"]) / med["plain"]
     parts = _components(runtime)
     traceml = None if args.no_traceml else _traceml(args.reps, args.steps, args.hidden, args.batch)
 
@@ -304,23 +326,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.reps} interleaved repetitions x {args.steps} steps per mode; exchange every "
         f"{EVERY} steps over a real TCPStore ({windows} windows exchanged).",
         "",
-        "| mode | median step | vs plain |",
-        "|---|---:|---:|",
+        "| mode | median step (wall) | vs plain | CPU per step (all threads) | vs plain |",
+        "|---|---:|---:|---:|---:|",
     ]
     for m in modes:
-        lines.append(f"| {m} | {med[m] * 1e3:.3f} ms | {med[m] / med['plain'] - 1:+.2%} |")
+        lines.append(
+            f"| {m} | {med[m] * 1e3:.3f} ms | {med[m] / med['plain'] - 1:+.2%} | "
+            f"{cpu_step[m] * 1e3:.3f} ms | {cpu_step[m] / cpu_step['plain'] - 1:+.2%} |"
+        )
     if isinstance(traceml, dict):
         ratio = traceml["traceml"] / traceml["plain"] - 1
         lines.append(
             f"| traceml (own process: plain {traceml['plain'] * 1e3:.3f} ms) | "
-            f"{traceml['traceml'] * 1e3:.3f} ms | {ratio:+.2%} |"
+            f"{traceml['traceml'] * 1e3:.3f} ms | {ratio:+.2%} | | |"
         )
     elif traceml is not None:
         lines.append(f"| traceml | {traceml} | |")
     lines += [
         "",
-        f"**Phases + exchange** (`otelgpu+diagnosis` vs `otelgpu`): {diag_cost:+.2%} of a step "
-        f"(target < {TARGET:.1%}).",
+        f"**Phases + exchange** (`otelgpu+diagnosis` vs `otelgpu`): {diag_cost:+.2%} of a plain "
+        f"step in CPU time, all threads (target < {TARGET:.1%}); wall-clock medians "
+        f"{wall_cost:+.2%} (noise on a shared machine: compare the modes' spread).",
         "",
         "| part (measured directly) | µs per step |",
         "|---|---:|",

@@ -193,7 +193,9 @@ class Telemetry:
         #: Called on the telemetry thread with (record, span fields, span events) before
         #: the step is emitted; may add to both (``otelgpu.diagnosis`` phases, findings).
         self.step_observers: list[
-            Callable[[StepRecord, dict[str, Any], list[tuple[str, int, dict[str, object]]]], None]
+            Callable[
+                [_steps.StepRecord, dict[str, Any], list[tuple[str, int, dict[str, object]]]], None
+            ]
         ] = []
 
     # ------------------------------------------------------------------ runtime

@@ -845,6 +845,41 @@ VLLM_RUNTIME_SOURCES: dict[str, str] = {
 }
 """What vLLM feeds each runtime request metric from (documented in docs/metrics-vllm.md)."""
 
+# =========================================================================== diagnosis
+
+
+def _diagnosis(
+    name: str, kind: Kind, unit: str, description: str, attributes: tuple[str, ...]
+) -> MetricSpec:
+    return MetricSpec(name, kind, unit, description, Area.DIAGNOSIS, attributes)
+
+
+PHASE_DURATION = _diagnosis(
+    "otelgpu.train.phase.duration",
+    _SKETCH,
+    "s",
+    "Time one training step spent in one phase (the phases sum to the step time).",
+    ("otelgpu.train.phase",),
+)
+RANK_SKEW = _diagnosis(
+    "otelgpu.train.rank.skew",
+    _OGAUGE,
+    "1",
+    "This rank's own work per step (step time minus communication wait) above the median "
+    "rank's, as a fraction of the median step time (latest exchange window).",
+    ("otelgpu.dist.rank",),
+)
+FINDINGS = _diagnosis(
+    "otelgpu.diagnosis.findings",
+    _COUNTER,
+    "{finding}",
+    "Findings of the diagnosis detectors (stragglers, drift, utilization dips, memory creep).",
+    ("otelgpu.diagnosis.kind", "otelgpu.diagnosis.cause"),
+)
+
+DIAGNOSIS_METRICS: tuple[MetricSpec, ...] = (PHASE_DURATION, RANK_SKEW, FINDINGS)
+"""The diagnosis package's metrics (``otelgpu.diagnosis``; documented in docs/diagnosis.md)."""
+
 # =========================================================================== all
 
 ALL: tuple[MetricSpec, ...] = (
@@ -854,6 +889,7 @@ ALL: tuple[MetricSpec, ...] = (
     *INTERNAL_METRICS,
     *TORCH_METRICS,
     *VLLM_METRICS,
+    *DIAGNOSIS_METRICS,
 )
 """Every metric of otelgpu."""
 

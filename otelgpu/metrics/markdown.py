@@ -16,7 +16,7 @@ from pathlib import Path
 from otelgpu.metrics import catalog
 from otelgpu.metrics.spec import MetricSpec
 
-DOCS = ("metrics.md", "metrics-torch.md", "metrics-vllm.md")
+DOCS = ("metrics.md", "metrics-torch.md", "metrics-vllm.md", "diagnosis.md")
 """The pages under ``docs/`` that hold catalog tables."""
 
 _BLOCK = re.compile(r"(<!-- catalog:([\w-]+) -->\n)(.*?)(<!-- /catalog:\2 -->)", re.S)
@@ -30,6 +30,7 @@ def _blocks() -> dict[str, tuple[tuple[MetricSpec, ...], dict[str, str]]]:
         "torch": (catalog.TORCH_METRICS, {}),
         "vllm-requests": (requests, catalog.VLLM_RUNTIME_SOURCES),
         "vllm": (catalog.VLLM_METRICS, {}),
+        "diagnosis": (catalog.DIAGNOSIS_METRICS, {}),
     }
 
 

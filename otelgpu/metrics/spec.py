@@ -54,6 +54,7 @@ class Area(enum.Enum):
     INTERNAL = "internal"
     TORCH = "torch"
     VLLM = "vllm"
+    DIAGNOSIS = "diagnosis"
 
 
 @dataclass(frozen=True)

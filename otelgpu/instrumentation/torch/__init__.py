@@ -11,7 +11,9 @@ Turned on by ``otelgpu.instrument()`` (when torch is installed), by
 Keywords: ``runtime`` (a Runtime, or None for ``otelgpu._runtime.current()`` looked up at
 the first step), ``span_every``, ``reset_peak_memory``, ``step_optimizer``, ``data``,
 ``comm``, ``checkpoints``, ``cuda_events``, ``gpu_step_time``, ``cuda_sync`` (see
-:mod:`.environment_variables`).
+:mod:`.environment_variables`); ``diagnosis``, ``exchange_every``,
+``straggler_threshold``, ``verdict_log`` (step phases, stragglers, drift, verdict: see
+:mod:`otelgpu.diagnosis.environment_variables`).
 
 Importing this module does not import torch (it only checks that torch is installed,
 raising ``ModuleNotFoundError`` otherwise, which auto-instrumentation skips quietly);
@@ -45,6 +47,7 @@ from otelgpu.instrumentation.torch._cuda_events import (
 )
 from otelgpu.instrumentation.torch._memory import CudaMemory
 from otelgpu.instrumentation.torch._session import Session
+from otelgpu.instrumentation.torch._steps import epoch_clock
 from otelgpu.instrumentation.torch._telemetry import Telemetry
 from otelgpu.instrumentation.torch.package import _instruments
 from otelgpu.runtime.api import RuntimeAPI
@@ -55,6 +58,7 @@ if importlib.util.find_spec("torch") is None:  # pragma: no cover - depends on t
 __all__ = ["TorchInstrumentor", "flush", "record_batch"]
 
 _active: tuple[Session, Telemetry] | None = None
+_diagnosis: Any = None  # otelgpu.diagnosis.training.TrainingDiagnosis of the live session
 _atexit_registered = False
 
 
@@ -96,13 +100,17 @@ def _after_fork_in_child() -> None:
     ``instrument()`` for itself. Nothing is flushed: the parent's pending step is the
     parent's (``_gate`` has already turned every hook off).
     """
-    global _active
+    global _active, _diagnosis
     active = _active
     _active = None
+    _diagnosis = None
     if active is None:
         return
     try:
+        from otelgpu.diagnosis import _set_active
         from otelgpu.instrumentation.torch._install import clear_handlers
+
+        _set_active(None)  # the parent's run
 
         clear_handlers()
         active[1].enabled = False
@@ -110,6 +118,8 @@ def _after_fork_in_child() -> None:
         active[1]._queue.clear()  # the parent's steps; its worker thread did not survive
         active[1]._worker = None
         active[0].started = False
+        for extension in reversed(active[0].extensions):
+            extension.undo()
         active[0].installation.undo()
         TorchInstrumentor()._is_instrumented_by_opentelemetry = False
     except Exception:  # noqa: BLE001 - never fail a fork
@@ -153,18 +163,29 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        global _active, _atexit_registered
+        global _active, _atexit_registered, _diagnosis
+        from otelgpu.diagnosis import _set_active
+        from otelgpu.diagnosis.settings import resolve as resolve_diagnosis
+
         settings = resolve(kwargs)
         runtime: RuntimeAPI | None = kwargs.get("runtime")
+        diagnosis_settings = resolve_diagnosis(kwargs)
         telemetry = Telemetry(
             None if runtime is None else (lambda: runtime),
             span_every=settings.span_every,
             memory_factory=_memory_factory(settings),
         )
         gpu_timer = _gpu_timer(settings)
+        clock = epoch_clock()
+        phases = None
+        if diagnosis_settings.enabled:
+            from otelgpu.instrumentation.torch._phases import PhaseHooks
+
+            phases = PhaseHooks(clock, telemetry)
         session = Session(
             telemetry.step,
-            telemetry,
+            telemetry if phases is None else phases.tee(telemetry),
+            clock=clock,
             step_optimizer=settings.step_optimizer,
             data=settings.data,
             comm=settings.comm,
@@ -176,6 +197,13 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         telemetry.ddp_modules = session.installation.ddp_modules
         telemetry.add_event = session.tracker.add_event
         telemetry.names = session.names
+        if phases is not None:
+            from otelgpu.diagnosis.training import TrainingDiagnosis
+
+            session.extensions.append(phases)
+            _diagnosis = TrainingDiagnosis(telemetry.runtime, diagnosis_settings, phases)
+            telemetry.step_observers.append(_diagnosis.observe_step)
+        _set_active(_diagnosis)
         session.start()
         _active = (session, telemetry)
         if not _atexit_registered:
@@ -183,15 +211,22 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _atexit_registered = True
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        global _active
+        global _active, _diagnosis
         active = _active
+        diagnosis = _diagnosis
         _active = None
+        _diagnosis = None
         if active is None:
             return
         session, telemetry = active
         try:
             session.stop()
             telemetry.close()
+            if diagnosis is not None:
+                try:
+                    diagnosis.close()  # the verdict span, while the runtime still exports
+                except Exception as exc:  # noqa: BLE001 - shutdown goes on
+                    telemetry.error("diagnosis.close", exc)
         finally:
             telemetry.enabled = False
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer
 from otelgpu.instrumentation.torch._gate import GATE
@@ -66,6 +67,9 @@ class Session:
             gpu_timer=gpu_timer,
         )
         self.started = False
+        #: Extra installers (e.g. the phase hooks): ``install(torch)`` when torch is
+        #: imported, ``undo()`` on stop.
+        self.extensions: list[Any] = []
 
     def _deliver(self, record: StepRecord) -> None:
         try:
@@ -88,6 +92,11 @@ class Session:
             self.installation.install_torch(torch)
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             self.sink.error("torch.install", exc)
+        for extension in self.extensions:
+            try:
+                extension.install(torch)
+            except Exception as exc:  # noqa: BLE001, PERF203 - never raise into the host
+                self.sink.error("torch.install", exc)
 
     def start(self) -> None:
         """Installs now if torch is imported, else right after the program imports it."""
@@ -108,6 +117,11 @@ class Session:
         try:
             self.tracker.flush()
         finally:
+            for extension in reversed(self.extensions):
+                try:
+                    extension.undo()
+                except Exception as exc:  # noqa: BLE001, PERF203 - undo the rest anyway
+                    self.sink.error("torch.uninstall", exc)
             self.installation.undo()
 
     @property

@@ -190,6 +190,13 @@ class Telemetry:
         self.gpu_timer: CudaEventTimer | None = None
         self._gpu_ops: deque[Resolved] = deque(maxlen=PENDING_LIMIT)
         self._gpu_steps: dict[int, float] = {}
+        #: Called on the telemetry thread with (record, span fields, span events) before
+        #: the step is emitted; may add to both (``otelgpu.diagnosis`` phases, findings).
+        self.step_observers: list[
+            Callable[
+                [_steps.StepRecord, dict[str, Any], list[tuple[str, int, dict[str, object]]]], None
+            ]
+        ] = []
 
     # ------------------------------------------------------------------ runtime
 
@@ -441,6 +448,11 @@ class Telemetry:
             fields[N.SPAN_MEM_PEAK] = memory.peak_allocated_bytes
         if record.step <= DDP_READ_EVERY or record.step % DDP_READ_EVERY == 0:
             self._read_ddp()
+        for observer in self.step_observers:
+            try:
+                observer(record, fields, events)
+            except Exception as exc:  # noqa: BLE001, PERF203 - never raise into the host
+                self.error("torch.step_observer", exc)
         sampled = self.span_every <= 1 or record.step % self.span_every == 1 or events
         self._emit(rt, record, fields, events, sampled=bool(sampled))
 

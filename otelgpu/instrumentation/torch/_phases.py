@@ -1,0 +1,251 @@
+"""Forward/backward timing for the step phase breakdown (``otelgpu.diagnosis``).
+
+Zero code: the outermost modules are found by themselves, then timed with instance hooks.
+
+* **Discovery**: global module forward hooks (``register_module_forward_pre_hook`` /
+  ``register_module_forward_hook(always_call=True)``) time outermost calls and note the
+  modules called at depth 0 on their thread (the model, the DDP/FSDP wrapper, the loss
+  module). Global hooks put *every* module call on the slow path (~10 µs each), so they
+  stay only until the second ``torch.autograd.backward`` (or 64 outermost calls); then,
+  outside any forward, they are removed and the roots get instance hooks of their own.
+  A root first called later (an evaluation model) counts as ``other``.
+* **Backward**: the outermost ``torch.autograd.backward`` call per thread
+  (``Tensor.backward`` goes through it).
+* **Collectives**: the intervals the collective wrappers report (a tee in front of the
+  telemetry sink), so communication inside forward/backward is counted once, as ``comm``.
+
+Intervals go to bounded deques (appended on the training thread, consumed in step order
+by the telemetry thread through :meth:`PhaseHooks.take`). No device synchronisation:
+these are host times, like every other phase (GPU-side times come from CUDA events when
+enabled). Every hook is a pass-through when ``GATE.on`` is False and never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from otelgpu.diagnosis.phases import Interval, split_step
+from otelgpu.diagnosis.stragglers import COMM_SLOTS
+from otelgpu.instrumentation.torch._gate import GATE
+from otelgpu.instrumentation.torch._patch import Patches, Sink, dynamo_skip
+from otelgpu.instrumentation.torch._steps import Clock, StepRecord
+
+__all__ = ["PhaseHooks", "TeeSink"]
+
+RING = 4096
+"""Intervals kept per kind (forward, backward, collectives) until their step is processed."""
+
+DISCOVERY_BACKWARDS = 2
+DISCOVERY_ROOT_CALLS = 64
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.fwd_depth = 0
+        self.fwd_start = 0
+        self.bwd_depth = 0
+
+
+def _take(ring: deque[Interval], end_ns: int) -> list[Interval]:
+    """Intervals that began before ``end_ns``; those that also ended by then are removed."""
+    out: list[Interval] = []
+    while ring:
+        a, b = ring[0]
+        if a >= end_ns:
+            break
+        out.append((a, b))
+        if b > end_ns:
+            break  # crosses into the next step: keep it for that one
+        ring.popleft()
+    return out
+
+
+class TeeSink:
+    """Forwards every measurement to ``inner`` and keeps collective intervals for phases."""
+
+    def __init__(self, inner: Sink, comm: deque[Interval]) -> None:
+        self.inner = inner
+        self._comm = comm
+
+    def comm(self, op: str, start_ns: int, end_ns: int) -> None:
+        self._comm.append((start_ns, end_ns))
+        self.inner.comm(op, start_ns, end_ns)
+
+    def checkpoint(self, kind: str, start_ns: int, end_ns: int, size_bytes: int | None) -> None:
+        self.inner.checkpoint(kind, start_ns, end_ns, size_bytes)
+
+    def loader_startup(self, start_ns: int, end_ns: int) -> None:
+        self.inner.loader_startup(start_ns, end_ns)
+
+    def error(self, where: str, exc: BaseException) -> None:
+        self.inner.error(where, exc)
+
+
+class PhaseHooks:
+    """Forward/backward/collective intervals of the training loop; see the module docstring.
+
+    Args:
+        clock: the step tracker's ns clock (phases must share the steps' clock).
+        sink: where our own errors go.
+    """
+
+    def __init__(self, clock: Clock, sink: Sink) -> None:
+        self.clock = clock
+        self.forward: deque[Interval] = deque(maxlen=RING)
+        self.backward: deque[Interval] = deque(maxlen=RING)
+        self.comm: deque[Interval] = deque(maxlen=RING)
+        self._sink = sink
+        self._tls = _Local()
+        self.patches = Patches()
+        self._global: list[Any] = []
+        self._instance: list[Any] = []
+        self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._pending_roots: list[Any] = []
+        self._backwards = 0
+        self._root_calls = 0
+        self.discovering = False
+
+    def tee(self, inner: Sink) -> TeeSink:
+        """The sink to give the hooks: collective intervals are kept here too."""
+        return TeeSink(inner, self.comm)
+
+    # ------------------------------------------------------------------ install
+    def install(self, torch: Any) -> None:
+        """Global discovery hooks and the backward wrapper (torch just imported)."""
+        mm = torch.nn.modules.module
+        self._global = [
+            mm.register_module_forward_pre_hook(self._global_pre),
+            mm.register_module_forward_hook(self._global_post, always_call=True),
+        ]
+        self.discovering = True
+        self.patches.wrap(torch.autograd, "backward", self._backward)
+
+    def undo(self) -> None:
+        """Removes every hook and wrapper. Idempotent."""
+        for handle in self._global + self._instance:
+            with contextlib.suppress(Exception):  # a module gone with its hooks
+                handle.remove()
+        self._global, self._instance = [], []
+        self.discovering = False
+        self.patches.undo()
+
+    # ------------------------------------------------------------------ forward
+    def _enter(self) -> None:
+        tls = self._tls
+        tls.fwd_depth += 1
+        if tls.fwd_depth == 1:
+            tls.fwd_start = self.clock()
+
+    def _exit(self) -> bool:
+        tls = self._tls
+        if tls.fwd_depth <= 0:
+            return False
+        tls.fwd_depth -= 1
+        if tls.fwd_depth == 0:
+            self.forward.append((tls.fwd_start, self.clock()))
+            return True
+        return False
+
+    def _global_pre(self, module: Any, args: Any) -> None:
+        if not GATE.on:
+            return
+        try:
+            if self._tls.fwd_depth == 0:
+                if self._root_calls >= DISCOVERY_ROOT_CALLS:
+                    # Pre-hooks run from a snapshot: removing them here is safe (this one
+                    # call goes untimed). Never from the post-hook: on an exception torch
+                    # iterates the live global dict.
+                    self._finish_discovery()
+                    return
+                if module not in self.roots:
+                    self.roots.add(module)
+                    self._pending_roots.append(module)
+            self._enter()
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self._sink.error("torch.phases.forward", exc)
+
+    def _global_post(self, module: Any, args: Any, output: Any) -> None:
+        if not GATE.on:
+            return
+        try:
+            if self._exit():
+                self._root_calls += 1
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self._sink.error("torch.phases.forward", exc)
+
+    def _root_pre(self, module: Any, args: Any) -> None:
+        if GATE.on:
+            self._enter()
+
+    def _root_post(self, module: Any, args: Any, output: Any) -> None:
+        if GATE.on:
+            self._exit()
+
+    def _finish_discovery(self) -> None:
+        """Global hooks off, instance hooks on the roots (called outside any forward)."""
+        if not self.discovering or self._tls.fwd_depth:
+            return
+        self.discovering = False
+        for handle in self._global:
+            handle.remove()
+        self._global = []
+        for module in self._pending_roots:
+            self._instance.append(module.register_forward_pre_hook(self._root_pre))
+            self._instance.append(module.register_forward_hook(self._root_post, always_call=True))
+        self._pending_roots = []
+
+    # ------------------------------------------------------------------ backward
+    def _backward(self, wrapped: Callable[..., Any]) -> Callable[..., Any]:
+        tls = self._tls
+        clock = self.clock
+
+        @functools.wraps(wrapped)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if not GATE.on or tls.bwd_depth:
+                return wrapped(*args, **kwargs)
+            if self.discovering:
+                self._backwards += 1
+                if self._backwards >= DISCOVERY_BACKWARDS:
+                    try:
+                        self._finish_discovery()
+                    except Exception as exc:  # noqa: BLE001 - never raise into the host
+                        self._sink.error("torch.phases.discovery", exc)
+            tls.bwd_depth = 1
+            start = clock()
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                tls.bwd_depth = 0
+                self.backward.append((start, clock()))
+
+        return dynamo_skip(backward)
+
+    # ------------------------------------------------------------------ consume
+    def take(self, record: StepRecord) -> tuple[dict[str, int], list[int]]:
+        """Phases of ``record`` (ns, summing to its duration) and its collective slots.
+
+        Called in step order (the telemetry thread); consumes the intervals it used.
+        """
+        s, e = record.start_ns, record.end_ns
+        comm = [(max(a, s), min(b, e)) for a, b in _take(self.comm, e) if min(b, e) > max(a, s)]
+        phases = split_step(
+            s,
+            e,
+            data_ns=record.data_wait_ns,
+            comm_ns=record.comm_wait_ns,
+            checkpoint_ns=record.checkpoint_ns,
+            optimizer_ns=record.optimizer_ns,
+            forward=_take(self.forward, e),
+            backward=_take(self.backward, e),
+            comm=comm,
+        )
+        slots = [b - a for a, b in comm[: COMM_SLOTS - 1]]
+        if len(comm) >= COMM_SLOTS:
+            slots.append(sum(b - a for a, b in comm[COMM_SLOTS - 1 :]))
+        return phases, slots

@@ -1,0 +1,107 @@
+"""The fleet view (docs/alerts/otelgpu-diagnosis-rules.yml) under the real promtool.
+
+``promtool check rules`` accepts the file; ``promtool test rules`` runs the shipped unit
+tests (per-rank skew and the slowest rank computed from per-rank phase sketches; in-job
+straggler, memory-creep and drift findings alerting); every alert has a firing case; a
+loosened threshold is caught; every metric name is one otelgpu exports, as the real
+Prometheus exporter names it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
+
+from backends_support import (
+    exposition_names,
+    otelgpu_metric_tables,
+    promql_metric_names,
+    require_binaries,
+)
+
+from otelgpu.diagnosis import names as N
+
+pytestmark = pytest.mark.backend
+
+ALERTS = Path(__file__).resolve().parents[2] / "docs" / "alerts"
+RULES = ALERTS / "otelgpu-diagnosis-rules.yml"
+RULES_TEST = ALERTS / "otelgpu-diagnosis-rules.test.yml"
+
+
+def _rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _promtool(*args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str]:
+    promtool = require_binaries("promtool")["promtool"]
+    return subprocess.run(
+        [promtool, *args], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+    )
+
+
+def test_diagnosis_rules_check() -> None:
+    result = _promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
+
+
+def test_diagnosis_rules_unit_tests_pass() -> None:
+    result = _promtool("test", "rules", str(RULES_TEST))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_diagnosis_rules_catch_a_wrong_threshold(tmp_path: Path) -> None:
+    # A straggler threshold of 20 % would miss rank 2 (17 %): the tests must notice.
+    rules = RULES.read_text()
+    loosened = rules.replace(
+        "otelgpu:train_rank_skew:ratio > 0.10", "otelgpu:train_rank_skew:ratio > 0.20"
+    )
+    assert loosened != rules
+    (tmp_path / RULES.name).write_text(loosened)
+    (tmp_path / RULES_TEST.name).write_text(RULES_TEST.read_text())
+    result = _promtool("test", "rules", str(tmp_path / RULES_TEST.name), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "OtelgpuTrainRankStraggler" in result.stdout + result.stderr
+
+
+def test_diagnosis_rules_every_alert_fires_in_a_test() -> None:
+    tests = yaml.safe_load(RULES_TEST.read_text())["tests"]
+    fired = {
+        case["alertname"]
+        for test in tests
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    alerts = {rule["alert"] for rule in _rules() if "alert" in rule}
+    assert alerts and alerts - fired == set()
+
+
+def test_diagnosis_rules_use_exported_names() -> None:
+    exported = exposition_names(otelgpu_metric_tables())  # the catalog holds ours too
+    assert exported["otelgpu_train_phase_duration_quantile_seconds"] == N.PHASE_DURATION.name
+    assert exported["otelgpu_diagnosis_findings_total"] == N.FINDINGS.name
+    recorded = {rule["record"] for rule in _rules() if "record" in rule}
+    used = set()
+    for rule in _rules():
+        names = promql_metric_names(rule["expr"])
+        assert names and "__name__" not in names
+        used |= names
+    assert used - recorded - set(exported) == set()
+    fed = set()
+    for test in yaml.safe_load(RULES_TEST.read_text())["tests"]:
+        for series in test.get("input_series", []):
+            match = re.match(r"[A-Za-z_:][\w:]*", series["series"])
+            assert match
+            fed.add(match.group(0))
+    assert fed - set(exported) == set()
+    assert used - recorded <= fed

@@ -113,17 +113,35 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
 ) -> None:
     sim.activate(_lost_at_start(), clock="virtual")
     caplog.set_level(logging.WARNING)
-    handle = otelgpu.instrument(exporters="none", frameworks="none", gpu_startup_wait_ms=10_000)
+    reader = InMemoryMetricReader()
+    handle = otelgpu.instrument(
+        exporters="none",
+        frameworks="none",
+        gpu_startup_wait_ms=10_000,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
     try:
         runtime = handle.runtime
         assert runtime is not None and runtime.pipeline is not None
         attrs = runtime.pipeline.tracer_provider.resource.attributes
         assert attrs["otelgpu.gpu.count"] == 2
-        assert len(attrs["otelgpu.gpu.uuids"]) == 2
-        assert attrs["otelgpu.gpu.names"] == ("NVIDIA H100 80GB HBM3",) * 2
         assert attrs["otelgpu.gpu.driver_version"]
         sampler = runtime.sampler
         assert len(sampler.devices) == 2
+        # The two healthy GPUs keep their identity attributes on their series.
+        sim.active().advance(1.0)  # type: ignore[union-attr]
+        sampler.sample_once()
+        data = reader.get_metrics_data()
+        points = [
+            dict(p.attributes)
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "hw.gpu.utilization"
+            for p in m.data.data_points
+        ]
+        assert {p["hw.id"] for p in points} == {d.uuid for d in sampler.devices}
+        assert {p.get("hw.model") for p in points} == {"NVIDIA H100 80GB HBM3"}
         assert sampler.lost("nvml-index-1")
         counts = runtime.health_counts()
         assert counts.get(("device_lost", "nvml-index-1")) == 1, counts

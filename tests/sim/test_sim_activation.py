@@ -15,6 +15,7 @@ import pytest
 
 from otelgpu import sim
 from otelgpu.errors import ConfigurationError
+from otelgpu.sim._runtime import cuda_driver_present
 
 Activate = Callable[..., sim.SimGpu]
 
@@ -99,9 +100,13 @@ def test_activate_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sim.activate_from_env() is None
     monkeypatch.setenv(sim.ENV_SIM, "inference-bursty")
     monkeypatch.setenv(sim.ENV_CLOCK, "virtual")
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "")  # unset for the guard; restored afterwards
     try:
         gpu = sim.activate_from_env()
         assert gpu is not None
+        # the launcher path tells vLLM there is no CUDA driver (when there is none)
+        cpu = "" if cuda_driver_present() else "cpu"
+        assert os.environ["VLLM_TARGET_DEVICE"] == cpu
         assert gpu.scenario.name == "inference-bursty" and gpu.clock == "virtual"
         assert sim.activate_from_env() is gpu  # idempotent
         assert sim.resource_attributes()["otelgpu.sim.scenario"] == "inference-bursty"

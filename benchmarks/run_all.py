@@ -17,6 +17,7 @@ BENCHES = [
     "bench_pipeline.py",
     "bench_torch.py",
     "bench_vllm.py",
+    "bench_diagnosis.py",
 ]
 
 

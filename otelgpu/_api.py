@@ -241,6 +241,9 @@ def _build(
         internal_meter_provider=pipeline.internal_meter_provider,
     )
     _register_gpu_metrics(runtime)
+    from otelgpu.diagnosis.serving import attach
+
+    attach(runtime)  # inference latency drift (OTELGPU_DIAGNOSIS; a bad value fails here)
     return runtime
 
 

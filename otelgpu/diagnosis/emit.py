@@ -133,9 +133,10 @@ class Emitter:
             N.VERDICT_BOTTLENECK: verdict.bottleneck,
             "otelgpu.verdict.steps": verdict.steps,
             "otelgpu.verdict.stragglers": len(verdict.stragglers),
+            "otelgpu.verdict.summary": verdict.headline(),
         }
         for p, share in verdict.phase_shares.items():
-            attrs[f"otelgpu.verdict.phase.{p}"] = share
+            attrs[f"otelgpu.verdict.share.{p}"] = share
         span = rt.tracer.start_span(N.VERDICT_SPAN, start_time=start_ns, attributes=attrs)
         span.end(end_time=max(end_ns, start_ns))
         if log:

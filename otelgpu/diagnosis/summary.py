@@ -78,6 +78,28 @@ class Verdict:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    def headline(self) -> str:
+        """One sentence: the bottleneck with its phase share, and the stragglers."""
+        cls = self.bottleneck
+        if cls == "unknown":
+            return "not enough steps to tell"
+        phase = {
+            "input": "data",
+            "communication": "comm",
+            "checkpoint": "checkpoint",
+            "host": "other",
+        }.get(cls)
+        if phase is None:
+            share = sum(self.phase_shares.get(p, 0.0) for p in ("forward", "backward", "optimizer"))
+            what = "forward, backward and optimizer"
+        else:
+            share, what = self.phase_shares.get(phase, 0.0), f"{phase} phase"
+        text = f"{cls}-bound: {what} took {share:.0%} of step time"
+        if self.stragglers:
+            names = ", ".join(f"rank {s['rank']} ({s['cause']})" for s in self.stragglers[-3:])
+            text += f"; stragglers: {names}"
+        return text
+
     def text(self) -> str:
         """The one-screen summary."""
 

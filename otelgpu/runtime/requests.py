@@ -130,6 +130,9 @@ class RequestRecorder:
         self._gpu = gpu
         self._stats = stats
         self._limit = attribute_value_length_limit
+        #: Called with (span, duration s, TTFT s or None) for each successful request,
+        #: before its span ends (``otelgpu.diagnosis.serving``: latency drift).
+        self.observers: list[Callable[[Span, float, float | None], None]] = []
         self._label_cache: dict[tuple[Any, ...], _RequestLabels] = {}
         self.duration = instrument(catalog.REQUEST_DURATION)
         self.ttft = instrument(catalog.TIME_TO_FIRST_TOKEN)
@@ -235,6 +238,9 @@ class RequestRecorder:
                 _add(self._tokens, output_tokens, labels.output_tokens, labels.output_key)
             if input_tokens:
                 _add(self._tokens, input_tokens, labels.input_tokens, labels.input_key)
+            if labels.ok and self.observers:
+                for observer in self.observers:
+                    observer(span, duration_s, ttft_s)
         except Exception as exc:  # noqa: BLE001 - hot path
             self._stats.report_error("request", exc)
         finally:

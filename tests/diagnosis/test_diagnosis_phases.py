@@ -146,6 +146,10 @@ def test_diagnosis_phase_metrics_and_verdict(
     assert len(spans) == 1
     attrs = dict(spans[0].attributes)
     assert attrs[N.VERDICT_BOTTLENECK] == "compute"
+    assert attrs["otelgpu.verdict.summary"].startswith("compute-bound: forward, backward and")
+    assert (
+        abs(sum(v for k, v in attrs.items() if k.startswith("otelgpu.verdict.share.")) - 1) < 1e-9
+    )
     from otelgpu.diagnosis.summary import Verdict
 
     again = Verdict.from_dict(__import__("json").loads(attrs[N.VERDICT_JSON]))
@@ -226,3 +230,28 @@ def test_diagnosis_off(harness: RuntimeHarness) -> None:
     spans = harness.step_spans()
     assert spans and not any(k.startswith(N.SPAN_PHASE_PREFIX) for k in spans[0].attributes)
     assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_diagnosis_verdict_in_the_recording_is_what_the_report_shows(tmp_path: Any) -> None:
+    """Zero code through ``otelgpu.instrument()``: the verdict span lands in the local
+    recording, and ``otelgpu report``'s reader finds it as the recorded verdict."""
+    import otelgpu
+    from otelgpu.report import analysis, model
+
+    otelgpu.instrument(recording_dir=str(tmp_path), gpu=False, service_name="diag")
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        for _ in range(6):
+            net(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        otelgpu.shutdown()
+    run = model.load(sorted(str(p) for p in tmp_path.rglob("*") if p.is_file()))
+    verdict = analysis.recorded_verdict(run)
+    assert verdict is not None and verdict.source == "recorded"
+    assert verdict.label in {"COMPUTE", "HOST"}
+    assert verdict.headline.startswith(verdict.label.lower() + "-bound")
+    assert any(e.startswith("forward ") for e in verdict.evidence), verdict.evidence

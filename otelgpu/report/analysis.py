@@ -313,7 +313,10 @@ def gpus(run: Run) -> list[GpuSummary]:
         if util:
             g.utilization_mean, g.utilization_max = sum(util) / len(util), max(util)
         if tensor:
-            t = _points(run, tensor[0], uuid)
+            # the "any pipe" series when the GPM feed splits tensor activity by pipe
+            t = _points(run, tensor[0], uuid, {"otelgpu.gpu.tensor.pipe": "any"}) or _points(
+                run, tensor[0], uuid
+            )
             g.tensor_activity_mean = sum(t) / len(t) if t else None
         mem = _points(run, "otelgpu.gpu.memory.watermark", uuid)
         g.memory_peak_bytes = max(mem) if mem else None
@@ -362,9 +365,68 @@ _VERDICT_KEYS = ("verdict", "bottleneck", "class")
 _TEXT_KEYS = ("summary", "text", "message", "headline", "line")
 
 
+VERDICT_JSON = "otelgpu.verdict.json"
+
+_CLASS_TEXT = {
+    # bottleneck -> (label, headline template over the phase shares, advice)
+    "input": ("INPUT-BOUND", "input wait took {data} of step time",
+              "increase DataLoader workers, prefetch or storage throughput"),
+    "communication": ("COMMUNICATION-BOUND", "collectives blocked {comm} of step time",
+                      "overlap communication with compute, check the interconnect and slow ranks"),
+    "checkpoint": ("CHECKPOINT-BOUND", "checkpoint writes took {checkpoint} of step time",
+                   "checkpoint less often or asynchronously, or to faster storage"),
+    "host": ("HOST-BOUND", "host time outside the measured phases took {other} of step time",
+             "profile the Python side: transforms, logging, synchronisation"),
+    "compute": ("COMPUTE-BOUND", "forward, backward and optimizer took {compute} of step time",
+                "speed up the model (mixed precision, fused kernels, larger batches)"),
+}  # fmt: skip
+
+
+def _diagnosis_verdict(attrs: dict[str, Any]) -> Verdict | None:
+    """The diagnosis' verdict span (``otelgpu.verdict.json``, version 1) as a card."""
+    import json
+
+    try:
+        d = json.loads(str(attrs[VERDICT_JSON]))
+        shares = {str(k): float(v) for k, v in (d.get("phase_shares") or {}).items()}
+        cls = str(d.get("bottleneck", "unknown"))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    values = {p: _pct(s) for p, s in shares.items()}
+    values["compute"] = _pct(sum(shares.get(p, 0.0) for p in ("forward", "backward", "optimizer")))
+    for p in ("data", "comm", "checkpoint", "other"):
+        values.setdefault(p, "0 %")
+    label, headline, advice = _CLASS_TEXT.get(
+        cls, ("STEPS", f"{d.get('steps', 0)} steps: not enough to tell", "")
+    )
+    evidence = [
+        f"{p} {_pct(s)}" for p, s in sorted(shares.items(), key=lambda kv: -kv[1]) if s >= 0.005
+    ]
+    evidence.extend(
+        f"straggler: rank {s.get('rank')} on {s.get('host') or '?'}: {s.get('cause')}"
+        + (f" ({'; '.join(s.get('evidence') or [])})" if s.get("evidence") else "")
+        for s in (d.get("stragglers") or [])[-4:]
+    )
+    evidence.extend(
+        str(m).removeprefix("otelgpu: ")
+        for key in ("drift", "creep", "dips")
+        for m in (d.get(key) or [])[-2:]
+    )
+    gpu = d.get("gpu") or {}
+    if gpu.get("throttled_fraction"):
+        evidence.append(f"GPU clocks throttled {_pct(float(gpu['throttled_fraction']))}")
+    if gpu.get("xids"):
+        evidence.append("XID " + ", ".join(str(x) for x in gpu["xids"]))
+    return Verdict(label, headline.format(**values), advice, evidence, source="recorded")
+
+
 def recorded_verdict(run: Run) -> Verdict | None:
     """The end-of-run verdict the diagnosis wrote into the recording, if any."""
     for finding in reversed(run.findings):
+        if VERDICT_JSON in finding.attributes:
+            parsed = _diagnosis_verdict(finding.attributes)
+            if parsed is not None:
+                return parsed
         if "verdict" not in finding.name and not any("verdict" in k for k in finding.attributes):
             continue
         attrs = finding.attributes

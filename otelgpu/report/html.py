@@ -323,7 +323,7 @@ def latency_figure(run: Run) -> dict[str, Any] | None:
 
 _GPU_ROWS: tuple[tuple[str, str, float, dict[str, Any] | None], ...] = (
     ("utilization (%)", "hw.gpu.utilization", 100.0, {"hw.gpu.task": "general"}),
-    ("tensor activity (%)", "<tensor>", 100.0, None),
+    ("tensor activity (%)", "<tensor>", 100.0, {"otelgpu.gpu.tensor.pipe": "any"}),
     ("memory watermark (GiB)", "otelgpu.gpu.memory.watermark", 1 / 2**30, None),
     ("power (W)", "hw.power", 1.0, None),
     ("temperature (°C)", "hw.temperature", 1.0, None),
@@ -344,12 +344,13 @@ def gpu_figure(run: Run) -> dict[str, Any] | None:
     rows = []
     for label, name, scale, where in _GPU_ROWS:
         metric = tensor[0] if name == "<tensor>" and tensor else name
+        per_gpu = [s for s in run.gauge_series(metric) if "hw.id" in s.attributes]
+        # the filtered series (general task, any tensor pipe) when the feed has them
         series = [
             s
-            for s in run.gauge_series(metric)
-            if "hw.id" in s.attributes
-            and not (where and any(s.attributes.get(k) != v for k, v in where.items()))
-        ]
+            for s in per_gpu
+            if not (where and any(s.attributes.get(k) != v for k, v in where.items()))
+        ] or [s for s in per_gpu if not (where and any(k in s.attributes for k in where))]
         if series:
             rows.append((label, scale, series))
     if not rows:

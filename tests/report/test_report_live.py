@@ -92,6 +92,7 @@ def test_live_run_prints_plain_lines_when_not_a_tty() -> None:
     assert 19.0 < p50 < 30.0  # 20 ms steps
     # the scenario's 64.5 GiB less the 0.5 GiB the driver reserves (memory v2, as nvidia-smi shows)
     assert re.search(r"gpu7 util=95 % mem=64\.0/79\.6GiB", last)
+    assert re.search(r"gpu7 [^|]*tensor=\d+ %", last)  # GPM tensor activity, sampled on H100
     assert re.search(r"gpu1 [^|]*throttle=[^|]*hw_thermal", last)
     assert not re.search(r"gpu0 [^|]*throttle=", last)
     assert re.search(r"EVENT throttle_start gpu1 ", out)

@@ -69,3 +69,32 @@ def test_report_text_merges_files_of_one_run(synthetic_runs: dict[str, Path]) ->
     buf = io.StringIO()
     text.write(both, buf)
     assert "2 process(es)" in buf.getvalue()
+
+
+def test_report_text_shows_the_diagnosis_verdict_when_recorded() -> None:
+    """The diagnosis' verdict span (otelgpu.verdict.json) becomes the card's first line."""
+    from otelgpu.diagnosis.summary import Verdict
+    from otelgpu.report.model import Finding, Run
+
+    verdict = Verdict(
+        steps=500,
+        step_time_s=10.0,
+        step_p50_s=0.02,
+        step_p95_s=0.03,
+        bottleneck="input",
+        phase_shares={"data": 0.26, "forward": 0.3, "backward": 0.4, "other": 0.04},
+        stragglers=[{"rank": 2, "host": "node-1", "cause": "input", "evidence": ["data wait"]}],
+        drift=["otelgpu: step time p95 +12 % against the early baseline"],
+    )
+    run = Run(paths=["x"], messages=1)
+    run.findings.append(
+        Finding(5.0, "otelgpu.run.verdict", {"otelgpu.verdict.json": verdict.to_json()})
+    )
+    (card, *_rest) = analysis.verdicts(run)
+    assert card.source == "recorded"
+    assert card.line().startswith("INPUT-BOUND — input wait took 26 % of step time")
+    assert "straggler: rank 2 on node-1: input (data wait)" in card.evidence
+    assert "step time p95 +12 % against the early baseline" in card.evidence
+    buf = io.StringIO()
+    text.verdict_card(run, buf)
+    assert "INPUT-BOUND — input wait took 26 %" in buf.getvalue()

@@ -126,9 +126,7 @@ def _train(runtime: Any, ring: SpanRing, now_ns: int) -> dict[str, Any] | None:
             values = [v for a in attrs if (v := _num(a.get(name))) is not None]
             if values:
                 recent[key] = sum(values) / len(values)
-        tensor = [
-            v for a in attrs for k, x in a.items() if "tensor" in k and (v := _num(x)) is not None
-        ]
+        tensor = [v for a in attrs if (v := _num(a.get("otelgpu.gpu.tensor.activity"))) is not None]
         if tensor:
             recent["tensor_activity"] = sum(tensor) / len(tensor)
         out["recent"] = recent
@@ -203,10 +201,9 @@ def _gpus(runtime: Any, now_ns: int) -> list[dict[str, Any]]:
                     "lost": bool(w.lost),
                 }
             )
-            for name in getattr(w, "_fields", ()):
-                if "tensor" in name and (v := _num(getattr(w, name))) is not None:
-                    gpu["tensor_activity"] = v / 100 if v > 1 else v
-                    break
+            tensor = _num(getattr(w, "tensor_activity_pct", None))  # GPM, where supported
+            if tensor is not None:
+                gpu["tensor_activity"] = tensor / 100
         out.append(gpu)
     return out
 

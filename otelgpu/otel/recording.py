@@ -97,9 +97,16 @@ def recording_directory(configured: Path) -> Path:
     try:
         configured.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not os.access(configured, os.W_OK):
-            raise PermissionError(configured)
-    except OSError:
-        return private_temp_directory()
+            raise PermissionError(f"{configured} is not writable")
+    except OSError as exc:
+        fallback = private_temp_directory()
+        _log.warning(
+            "otelgpu: cannot record into %s (%s); recording into %s instead",
+            configured,
+            exc.strerror or exc,
+            fallback,
+        )
+        return fallback
     return configured
 
 

@@ -225,7 +225,6 @@ def test_hostile_scenario_toml(probe: Any, tmp_path: Path) -> None:
         "hostile scenario TOML",
         f"{len(HOSTILE_TOML)} hostile scenario files ({', '.join(HOSTILE_TOML)}) to "
         "sim.load_scenario: a ScenarioError naming the problem each, never a traceback",
-        pending="scenario TOML hardening (issue 18 defect 6, h2b)",
     )
     bad = []
     for label, data in HOSTILE_TOML.items():

@@ -119,7 +119,7 @@ def test_nvml_init_failure(probe: Any, healthy: HostRun, tmp_path: Path) -> None
     _check(p, run, healthy, health=False)
 
 
-def test_nvml_degraded_driver_at_instrument(probe: Any, tmp_path: Path) -> None:
+def test_nvml_degraded_driver_at_instrument(probe: Any, healthy: HostRun, tmp_path: Path) -> None:
     p = probe(
         "NVML",
         "degraded driver at instrument()",
@@ -133,7 +133,11 @@ def test_nvml_degraded_driver_at_instrument(probe: Any, tmp_path: Path) -> None:
     cfg["duration_s"] = 1.0
     run = run_host(cfg, timeout=60)
     took = run["instrument_s"] if run.result else float("inf")
+    # relative to instrument() on a healthy node in the same run (imports and the pipeline
+    # take seconds on a loaded machine): the degraded driver may add at most 1 s
+    bound = healthy["instrument_s"] + 1.0
     p.result(
-        bool(run.result) and took <= 1.0,
-        f"instrument() returned after {took:.1f} s (bound 1 s); exit {run.returncode}",
+        bool(run.result) and took <= bound,
+        f"instrument() returned after {took:.1f} s (healthy node {healthy['instrument_s']:.1f} "
+        f"s, bound +1 s); exit {run.returncode}",
     )

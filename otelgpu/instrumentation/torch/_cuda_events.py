@@ -5,8 +5,9 @@ call returns once the work is enqueued, and the work runs on the GPU afterwards.
 pair of ``torch.cuda.Event(enable_timing=True)`` is recorded on the current stream around
 each collective on a CUDA tensor (and around ``Work.wait()`` of an ``async_op=True`` one),
 and, optionally, one event at each step boundary. Nothing waits for them: the pairs sit
-in a bounded FIFO and :meth:`CudaEventTimer.poll` (the telemetry background thread) resolves those whose end
-event reports done through the non-blocking ``Event.query()``, into
+in a bounded FIFO and :meth:`CudaEventTimer.poll` (the telemetry background thread)
+resolves those whose end event reports done through the non-blocking ``Event.query()``,
+into
 ``start.elapsed_time(end)``. What a pair measures: when the current stream reached the
 collective until it could go on past it — the *exposed* GPU wait, including waiting for
 peers (NCCL synchronises the compute stream with its own stream around the call).

@@ -14,13 +14,15 @@ otelgpu.sketch: PyQuantileSketch QuantileSketch
 otelgpu.sampler: BaseGpuSampler GpuEvent GpuSample GpuSampler NativeGpuSampler PyGpuSampler
     SamplerStats WindowStats
 otelgpu.sim: CLOCKS ENV_CLOCK ENV_CONFIG ENV_NVML_LIBRARY ENV_SIM Event Pattern Process
-    Scenario ScenarioError SimGpu SimLibraryError activate activate_from_env active
+    Scenario ScenarioError SimGpu SimLibraryError activate activate_from_env
+    activate_from_settings active
     deactivate env_for library_dir library_path list_scenarios load_scenario
     resource_attributes
-otelgpu.nvml: DEFAULT_LIBRARY DeviceInfo DeviceSpec ENV_NVML_LIBRARY MigInstance
+otelgpu.nvml: DEFAULT_LIBRARY DeviceDetails DeviceInfo DeviceSpec ENV_NVML_LIBRARY MigInstance
     NvmlUnavailableError PhysicalGpu cuda_order discover inventory library_path pynvml_init
     pynvml_module resolve_explicit select_devices visible_devices
 otelgpu.metrics: ALL Area BY_NAME GPU_METRICS Kind MetricSpec SAMPLER_METRICS Status
+otelgpu.diagnosis: active verdict
 otelgpu.instrumentation.gpu: GpuMetricsInstrumentor
 otelgpu.instrumentation.torch: TorchInstrumentor flush record_batch
 otelgpu.instrumentation.vllm: OtelGpuStatLogger VllmInstrumentor

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -27,6 +27,9 @@ from otelgpu.runtime.records import (
 )
 
 # ========================================================================= span scope
+
+
+_Scope = TypeVar("_Scope", bound="_SpanScope")
 
 
 class _SpanScope:
@@ -74,6 +77,29 @@ class _SpanScope:
             self._runtime = runtime
         except Exception as exc:  # noqa: BLE001 - hot path
             runtime.report_error(f"{self._where} enter", exc)
+
+    def __enter__(self: _Scope) -> _Scope:
+        self._enter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exit(exc)
+
+    async def __aenter__(self: _Scope) -> _Scope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exit(exc)
 
     def _exit(self, exc: BaseException | None) -> None:
         self.end_ns = time.time_ns()
@@ -139,29 +165,6 @@ class StepContext(_SpanScope):
                 failed=exc,
             ),
         )
-
-    def __enter__(self) -> StepContext:
-        self._enter()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._exit(exc)
-
-    async def __aenter__(self) -> StepContext:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 def step(
@@ -349,29 +352,6 @@ class RequestContext(_SpanScope):
                 server_port=self.server_port,
             ),
         )
-
-    def __enter__(self) -> RequestContext:
-        self._enter()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._exit(exc)
-
-    async def __aenter__(self) -> RequestContext:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 def request(

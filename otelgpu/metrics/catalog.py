@@ -13,6 +13,9 @@ GenAI conventions; both Development status) where a convention exists, otelgpu's
 Every GPU metric also carries :data:`DEVICE_ATTRIBUTES` (``hw.id`` is the device UUID),
 plus ``hw.parent`` for a MIG instance. Sketch metrics are exported as OTLP exponential
 histograms plus a ``<name>.quantile`` gauge (attribute ``quantile``).
+
+This module is long on purpose (one row per metric, no logic): the point of the catalog
+is that one place lists every metric, so it is not split by area.
 """
 
 from __future__ import annotations

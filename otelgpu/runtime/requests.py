@@ -22,8 +22,7 @@ from otelgpu.otel.sketches import SketchHistogram, freeze
 from otelgpu.otel.stats import InternalStats
 from otelgpu.runtime.gpu import GpuContext
 from otelgpu.runtime.records import OUTCOMES, RequestRecord
-
-_INVALID_SPAN = trace.INVALID_SPAN
+from otelgpu.runtime.steps import start_and_finish
 
 #: Most request label sets :meth:`RequestRecorder._labels` keeps.
 _LABEL_CACHE_SIZE = 256
@@ -248,13 +247,7 @@ class RequestRecorder:
 
     def record(self, record: RequestRecord) -> Span:
         """Span and metrics of a finished request; returns the (ended) span. Never raises."""
-        try:
-            span = self.start_span(record)
-        except Exception as exc:  # noqa: BLE001 - hot path
-            self._stats.report_error("record_request", exc)
-            return _INVALID_SPAN
-        self.finish(span, record)
-        return span
+        return start_and_finish(self, record, self._stats, "record_request")
 
     def _labels(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
@@ -23,6 +23,28 @@ from otelgpu.runtime.gpu import GpuContext
 from otelgpu.runtime.records import StepRecord
 
 _INVALID_SPAN = trace.INVALID_SPAN
+
+_R_contra = TypeVar("_R_contra", contravariant=True)
+
+
+class _Recorder(Protocol[_R_contra]):
+    def start_span(self, record: _R_contra) -> Span: ...
+
+    def finish(self, span: Span, record: _R_contra) -> None: ...
+
+
+def start_and_finish(
+    recorder: _Recorder[_R_contra], record: _R_contra, stats: InternalStats, where: str
+) -> Span:
+    """``recorder``'s span for ``record``, finished and returned; never raises (an error is
+    counted at ``where`` and a non-recording span returned)."""
+    try:
+        span = recorder.start_span(record)
+    except Exception as exc:  # noqa: BLE001 - hot path
+        stats.report_error(where, exc)
+        return _INVALID_SPAN
+    recorder.finish(span, record)
+    return span
 
 
 def step_attributes(
@@ -121,10 +143,4 @@ class StepRecorder:
 
     def record(self, record: StepRecord) -> Span:
         """Span and metrics of a finished step; returns the (ended) span. Never raises."""
-        try:
-            span = self.start_span(record)
-        except Exception as exc:  # noqa: BLE001 - hot path
-            self._stats.report_error("record_step", exc)
-            return _INVALID_SPAN
-        self.finish(span, record)
-        return span
+        return start_and_finish(self, record, self._stats, "record_step")

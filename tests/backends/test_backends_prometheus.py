@@ -1,4 +1,4 @@
-"""A real Prometheus (Debian 2.42) scrapes otelgpu's pull endpoint (backends.md §2).
+"""A real Prometheus (Debian 2.42) scrapes otelgpu's pull endpoint.
 
 One instrumented process on the simulated GPU (2 H100s, virtual clock), with
 ``exporters="prometheus"`` on a free 127.0.0.1 port; Prometheus scrapes it every second

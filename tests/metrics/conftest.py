@@ -43,7 +43,10 @@ def points(reader: InMemoryMetricReader) -> dict[str, tuple[str, list[tuple[dict
     for rm in data.resource_metrics:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                rows = [(dict(p.attributes or {}), p.value) for p in metric.data.data_points]
+                rows = [
+                    (dict(p.attributes or {}), getattr(p, "value", p))
+                    for p in metric.data.data_points
+                ]
                 out[metric.name] = (metric.unit or "", rows)
     return out
 

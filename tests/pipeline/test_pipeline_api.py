@@ -5,16 +5,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fixtures.otel import sketch_spec
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from fixtures.otel import InMemoryOtel, sketch_spec
 from opentelemetry.trace import StatusCode
 
 import otelgpu
@@ -25,31 +19,12 @@ from otelgpu.runtime.records import RequestRecord, StepRecord
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
 
-class App:
-    def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.reader])
-
-    def finished(self, name: str | None = None) -> list[Any]:
-        return [s for s in self.spans.get_finished_spans() if name in (None, s.name)]
+App = InMemoryOtel
 
 
 @pytest.fixture
-def app() -> Iterator[App]:
-    a = App()
-    otelgpu.instrument(
-        tracer_provider=a.tracer_provider,
-        meter_provider=a.meter_provider,
-        exporters="none",
-        gpu=False,
-    )
-    yield a
-    otelgpu.shutdown()
-    a.tracer_provider.shutdown()
-    a.meter_provider.shutdown()
+def app(otel_app: InMemoryOtel) -> InMemoryOtel:
+    return otel_app
 
 
 def _runtime_now() -> _runtime.Runtime:

@@ -125,6 +125,7 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
         assert runtime is not None and runtime.pipeline is not None
         attrs = runtime.pipeline.tracer_provider.resource.attributes
         assert attrs["otelgpu.gpu.count"] == 2
+        assert "otelgpu.gpu.names" not in attrs and "otelgpu.gpu.uuids" not in attrs
         assert attrs["otelgpu.gpu.driver_version"]
         sampler = runtime.sampler
         assert len(sampler.devices) == 2

@@ -10,12 +10,12 @@ import subprocess
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.otel import PYTHON, python_env
+from fixtures.otel import PYTHON, InMemoryOtel, python_env
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -25,8 +25,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
 )
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import otelgpu
 from otelgpu import _api as otelgpu_api
@@ -44,38 +43,12 @@ from otelgpu.otel.stats import InternalStats
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
 
-class _App:
-    def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.reader])
-
-    def points(self, name: str) -> list[tuple[dict[str, Any], Any]]:
-        data = self.reader.get_metrics_data()
-        out = []
-        for rm in data.resource_metrics if data else []:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if m.name == name:
-                        out += [(dict(p.attributes), p.value) for p in m.data.data_points]
-        return out
+_App = InMemoryOtel
 
 
 @pytest.fixture
-def review_app() -> Iterator[_App]:
-    a = _App()
-    otelgpu.instrument(
-        tracer_provider=a.tracer_provider,
-        meter_provider=a.meter_provider,
-        exporters="none",
-        gpu=False,
-    )
-    yield a
-    otelgpu.shutdown()
-    a.tracer_provider.shutdown()
-    a.meter_provider.shutdown()
+def review_app(otel_app: InMemoryOtel) -> InMemoryOtel:
+    return otel_app
 
 
 def _errors() -> dict[str, int]:

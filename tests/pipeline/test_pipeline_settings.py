@@ -135,18 +135,16 @@ def test_pipeline_every_setting_has_a_variable_and_docs() -> None:
 
 def test_pipeline_every_otelgpu_variable_is_named_in_environment_variables() -> None:
     """No stray ``OTELGPU_*`` literal: each one the code reads is a constant of an
-    ``environment_variables`` module (otelgpu's, torch's or vLLM's)."""
+    ``environment_variables`` module (otelgpu's, or one of an instrumentation package)."""
+    import importlib
     import re
 
-    from otelgpu.instrumentation.torch import environment_variables as torch_ev
-    from otelgpu.instrumentation.vllm import environment_variables as vllm_ev
-
-    named = {
-        getattr(module, n)
-        for module in (environment_variables, torch_ev, vllm_ev)
-        for n in dir(module)
-        if n.startswith("OTELGPU_")
-    }
+    modules = [
+        importlib.import_module(path.relative_to(ROOT).with_suffix("").as_posix().replace("/", "."))
+        for path in (ROOT / "otelgpu").rglob("environment_variables.py")
+    ]
+    assert environment_variables in modules
+    named = {getattr(m, n) for m in modules for n in dir(m) if n.startswith("OTELGPU_")}
     sources = [*(ROOT / "otelgpu").rglob("*.py"), ROOT / "setup.py"]
     literals = {
         (path.relative_to(ROOT).as_posix(), name)

@@ -7,13 +7,10 @@ and the step or request itself is still recorded; nothing is raised to the host.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from fixtures.otel import python_env
+from fixtures.otel import python_env, run_python
 from fixtures.otlp_receiver import OtlpReceiver, attributes
 
 from otelgpu import _values
@@ -67,14 +64,7 @@ def test_pipeline_out_of_range_values_do_not_poison_export(otlp_receiver: OtlpRe
         OTEL_EXPORTER_OTLP_ENDPOINT=otlp_receiver.grpc_endpoint,
         OTELGPU_FRAMEWORKS="none",
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PROGRAM)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    proc = run_python(PROGRAM, env)
     assert proc.returncode == 0, proc.stderr
     assert "Value out of range" not in proc.stderr
     assert "Traceback" not in proc.stderr

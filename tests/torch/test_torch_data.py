@@ -132,7 +132,8 @@ def test_dict_batches_give_samples_and_tokens(hooks: Session, recorder: Recorder
 
 
 def test_stateful_iterators_do_not_override_next() -> None:
-    """One class-level patch covers every loader iterator (torch.md §2)."""
+    """One class-level patch covers every loader iterator: the multi-process and the
+    single-process iterators share ``_BaseDataLoaderIter.__next__``."""
     from torch.utils.data import dataloader as dl
 
     for cls in (dl._SingleProcessDataLoaderIter, dl._MultiProcessingDataLoaderIter):

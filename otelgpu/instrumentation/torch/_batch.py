@@ -1,7 +1,7 @@
 """Samples and tokens of a batch, inferred from shapes on the host.
 
 Only tensor *metadata* is read (``shape``, ``numel()``): never a value, so a CUDA batch
-is never synchronised (``torch.md`` §2). Rules, first match wins:
+is never synchronised (reading a value would wait for the GPU). Rules, first match wins:
 
 * a mapping with ``input_ids`` (Hugging Face style): samples = ``shape[0]``,
   tokens = ``numel()`` (padded tokens);

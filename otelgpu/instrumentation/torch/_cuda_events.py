@@ -1,15 +1,16 @@
 """GPU-side durations from CUDA events, resolved later without blocking.
 
-Host time of an NCCL collective is about its launch time (``torch.md`` §3): the work
-runs on the GPU after the call returns. Here a pair of ``torch.cuda.Event(
-enable_timing=True)`` is recorded on the current stream around each collective on a CUDA
-tensor (and around ``Work.wait()`` of an ``async_op=True`` one), and, optionally, one
-event at each step boundary. Nothing waits for them: the pairs sit in a bounded FIFO and
-:meth:`CudaEventTimer.poll` (the telemetry background thread) resolves those whose end
-event reports done through the non-blocking ``Event.query()``, into
+Host time of an NCCL collective is about its launch time: with ``async_op=False`` the
+call returns once the work is enqueued, and the work runs on the GPU afterwards. Here a
+pair of ``torch.cuda.Event(enable_timing=True)`` is recorded on the current stream around
+each collective on a CUDA tensor (and around ``Work.wait()`` of an ``async_op=True`` one),
+and, optionally, one event at each step boundary. Nothing waits for them: the pairs sit
+in a bounded FIFO and :meth:`CudaEventTimer.poll` (the telemetry background thread)
+resolves those whose end event reports done through the non-blocking ``Event.query()``,
+into
 ``start.elapsed_time(end)``. What a pair measures: when the current stream reached the
 collective until it could go on past it — the *exposed* GPU wait, including waiting for
-peers (``torch.md`` §3, "CUDA events on the compute stream").
+peers (NCCL synchronises the compute stream with its own stream around the call).
 
 Only with the opt-in ``sync`` is ``Event.synchronize()`` called (right after the end
 event, blocking the host until the collective finished); nothing in this module ever

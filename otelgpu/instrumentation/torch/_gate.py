@@ -3,9 +3,10 @@
 Each wrapper installed by this package reads ``GATE.on`` first and, when it is False,
 calls straight through to the original. ``GATE.on`` is False before ``instrument()``,
 after ``uninstrument()`` and in a forked child (a DataLoader worker) from the moment of
-the fork: the child must record and export nothing of the parent's
-(``/work/shared/reference/torch.md`` §8); the instrumentor then also removes the inherited
-patches in the child. Only an explicit ``instrument()`` in the child turns hooks on again.
+the fork: the child must record and export nothing of the parent's (it inherits the
+parent's patches and state, but none of its threads); the instrumentor then also removes
+the inherited patches in the child. Only an explicit ``instrument()`` in the child turns
+hooks on again.
 
 Thread-safety: one bool attribute, written rarely, read without a lock.
 """

@@ -3,7 +3,7 @@
 ``torch._C._cuda_memoryStats(device)`` returns the allocator's nested statistics dict,
 built on the host under the allocator mutex: no CUDA call, no synchronisation. The public
 ``memory_allocated()``/``max_memory_allocated()``… each rebuild *and flatten* the whole
-dict, so they are never called here (``torch.md`` §5). Nothing is read until CUDA is
+dict, so they are never called here (tens of µs each). Nothing is read until CUDA is
 initialised by the program (``torch.cuda.is_initialized()``), which is False in forked
 children and on CPU-only builds — there this module reports nothing.
 

@@ -51,14 +51,26 @@ def _value(value: Any) -> dict[str, Any]:
     raise ValueError(value)
 
 
+_INF = float("inf")
+
+
 def _attributes(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     if attributes:
+        append = out.append
         for key, value in getattr(attributes, "_dict", attributes).items():
-            try:
-                out.append({"key": key, "value": _value(value)})
-            except ValueError:  # noqa: PERF203 - what the SDK's encoder drops, we drop
-                continue
+            t = type(value)  # fast paths for the hot types; the rest via _value
+            if t is float and value == value and value not in (_INF, -_INF):
+                append({"key": key, "value": {"doubleValue": value}})
+            elif t is str:
+                append({"key": key, "value": {"stringValue": value}})
+            elif t is int and _INT64_MIN <= value <= _INT64_MAX:
+                append({"key": key, "value": {"intValue": str(value)}})
+            else:
+                try:
+                    append({"key": key, "value": _value(value)})
+                except ValueError:  # what the SDK's encoder drops, we drop too
+                    continue
     return out
 
 

@@ -393,7 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
         f"native core: {'yes' if NATIVE else 'no (pure-Python twins)'}. Simulated GPUs "
         "(`healthy-8xh100`, sampler at 10 Hz). Live OTLP receiver in another process. "
-        "Written by `benchmarks/bench_export.py`.",
+        "Written by `benchmarks/bench_export.py`. Load average (1 min) at the start: "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs -- pause figures are only "
+        "meaningful when the bare loop's own p99 is near its 100 µs step.",
         "",
     ]
     try:
@@ -510,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         receiver.kill()
         receiver.wait()
+    lines.append(f"Load average (1 min) at the end: {os.getloadavg()[0]:.1f}.")
     text = "\n".join(lines)
     print(text)
     if not args.quick:

@@ -34,6 +34,7 @@ from otelgpu._settings import Settings
 from otelgpu.metrics import catalog
 from otelgpu.metrics.instruments import Callback, Instruments
 from otelgpu.metrics.spec import MetricSpec
+from otelgpu.otel.deferred import DeferredWork
 from otelgpu.otel.sketches import SketchHistogram, SketchRegistry
 from otelgpu.otel.stats import InternalStats
 from otelgpu.runtime.gpu import GpuContext
@@ -101,6 +102,8 @@ class Runtime:
             stats=self.stats,
         )
         self.gpu = GpuContext(sampler, self.report_error)
+        #: Work instrumentors move off the host's loop (spans of finished vLLM requests).
+        self.deferred = DeferredWork(self.stats, where="deferred telemetry")
         self.health = HealthMonitor(self.gpu, self.report_error)
         self.steps = StepRecorder(self.tracer, self.instrument, self.gpu, self.stats)
         self.requests = RequestRecorder(
@@ -247,6 +250,7 @@ class Runtime:
 
     def force_flush(self, timeout_millis: int = 10_000) -> None:
         """Export everything recorded so far (spans and a metric collection)."""
+        self.deferred.drain()
         if self.pipeline is not None:
             self.pipeline.force_flush(timeout_millis)
 
@@ -258,6 +262,7 @@ class Runtime:
             self._closed = True
         if current() is self:
             _set_current(None)
+        self.deferred.close()
         try:
             self.poll_health()
         except Exception as exc:  # noqa: BLE001

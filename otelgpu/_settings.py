@@ -85,6 +85,11 @@ class Settings:
     attribute_value_length_limit: int = 4096
     live: bool = False
     live_dir: str | None = None
+    traces_exporter: str = "default"
+    metrics_exporter: str = "default"
+    shutdown_timeout_ms: int = 3000
+    prometheus_rank_offset: bool = True
+    step_spans_per_second: int = 100
 
 
 # --------------------------------------------------------------------------- parsers
@@ -186,6 +191,18 @@ def _frameworks(raw: object) -> tuple[str, ...]:
             raise ValueError(raw)
         return ()
     return tuple(dict.fromkeys(values))
+
+
+def _signal_exporter(raw: object) -> str:
+    """``none`` (the signal is not exported) or ``default`` (the ``exporters`` setting applies).
+
+    Any other exporter name (``otlp``, ``console``...) leaves the signal to ``exporters``:
+    these variables are the OpenTelemetry distro's, and only their ``none`` concerns otelgpu.
+    """
+    values = [v.lower() for v in _split(raw)]
+    if not values:
+        raise ValueError(raw)
+    return "none" if values == ["none"] else "default"
 
 
 def _devices(raw: object) -> tuple[str, ...] | None:
@@ -385,6 +402,23 @@ SETTINGS: tuple[Setting, ...] = (
             "Serve read-only live snapshots on an owner-only Unix socket (otelgpu top)."),
     Setting("live_dir", ev.OTELGPU_LIVE_DIR, None, _path, "a directory path",
             "Directory of the live-view sockets (owner-only, 0700)."),
+    Setting("traces_exporter", ev.OTELGPU_TRACES_EXPORTER, "OTEL_TRACES_EXPORTER",
+            _signal_exporter, "none, or an exporter list (then `exporters` applies)",
+            "none: export no spans (recording included), whatever `exporters` says."),
+    Setting("metrics_exporter", ev.OTELGPU_METRICS_EXPORTER, "OTEL_METRICS_EXPORTER",
+            _signal_exporter, "none, or an exporter list (then `exporters` applies)",
+            "none: export no metrics (recording and pull endpoint included)."),
+    Setting("shutdown_timeout_ms", ev.OTELGPU_SHUTDOWN_TIMEOUT_MS, None, _int_range(0, 600_000),
+            "an integer in [0, 600000] (milliseconds)",
+            "Bound of shutdown() and of the exit flush; what is not sent by then is counted as "
+            "dropped."),
+    Setting("prometheus_rank_offset", ev.OTELGPU_PROMETHEUS_RANK_OFFSET, None, _bool,
+            "true or false",
+            "Pull endpoint on prometheus_port + LOCAL_RANK (one port per rank of a node)."),
+    Setting("step_spans_per_second", ev.OTELGPU_STEP_SPANS_PER_SECOND, None,
+            _int_range(0, 1_000_000), "an integer in [0, 1000000] (0: export every step span)",
+            "Budget of ordinary step spans exported per second; failed, slow and GPU-health "
+            "steps are always exported, metrics stay exact."),
 )  # fmt: skip
 
 _BY_NAME = {s.name: s for s in SETTINGS}

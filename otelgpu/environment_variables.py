@@ -192,3 +192,30 @@ OTELGPU_DIAGNOSIS_VERDICT = "OTELGPU_DIAGNOSIS_VERDICT"
 """``true``/``false`` (default ``true``): log the end-of-run verdict (``otelgpu.diagnosis``
 logger, INFO) at shutdown. The verdict span is written to the recording either way.
 Keyword: ``verdict_log``."""
+
+# --- export path (otelgpu.otel)
+
+OTELGPU_TRACES_EXPORTER = "OTELGPU_TRACES_EXPORTER"
+"""``none``: otelgpu exports no spans at all, the local recording included (falls back to
+``OTEL_TRACES_EXPORTER``; any other value leaves spans to ``OTELGPU_EXPORTERS``)."""
+
+OTELGPU_METRICS_EXPORTER = "OTELGPU_METRICS_EXPORTER"
+"""``none``: otelgpu exports no metrics at all, the local recording and the Prometheus pull
+endpoint included (falls back to ``OTEL_METRICS_EXPORTER``)."""
+
+OTELGPU_SHUTDOWN_TIMEOUT_MS = "OTELGPU_SHUTDOWN_TIMEOUT_MS"
+"""Milliseconds ``shutdown()`` (and the flush at interpreter exit) may take, 0 to 600000;
+default 3000. Telemetry not delivered by then is counted in ``otelgpu.internal.dropped``
+(reason ``shutdown_timeout``) and reported in one warning line."""
+
+OTELGPU_PROMETHEUS_RANK_OFFSET = "OTELGPU_PROMETHEUS_RANK_OFFSET"
+"""``true`` (default): the Prometheus pull endpoint listens on ``prometheus_port +
+LOCAL_RANK`` so the ranks of one node never clash (rank 0 on 9464, rank 1 on 9465, ...).
+``false``: every rank asks for ``prometheus_port`` itself."""
+
+OTELGPU_STEP_SPANS_PER_SECOND = "OTELGPU_STEP_SPANS_PER_SECOND"
+"""Most ordinary ``otelgpu.train.step`` spans exported per second (default 100; ``0``: all).
+Failed steps, slow steps (over twice the running mean) and steps with a GPU health event
+or flag are always exported; above the budget 1 in N of the rest are, evenly spaced.
+Metrics are exact regardless; sampled-out spans count in ``otelgpu.internal.dropped``
+(reason ``tail_sampled``)."""

@@ -16,7 +16,9 @@ corresponding otelgpu setting is unset.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,6 +104,52 @@ def append_metrics(metrics_data: MetricsData, extra: Sequence[Metric]) -> Metric
     return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
 
 
+class _InFlight:
+    """What a guarded exporter is sending right now, so that a shutdown that gives up can
+    count it as dropped exactly once (``abandon``), and nothing is sent after that."""
+
+    def __init__(self, stats: InternalStats, signal: str) -> None:
+        self._stats = stats
+        self._signal = signal
+        self._lock = threading.Lock()
+        self._items = 0
+        self.abandoned = False
+
+    def begin(self, items: int) -> bool:
+        """Register an export of ``items``; ``False`` (and counted) after ``abandon``."""
+        with self._lock:
+            if not self.abandoned:
+                self._items += items
+                return True
+        self._stats.add_dropped(self._signal, "shutdown_timeout", items)
+        return False
+
+    def end(self, items: int) -> bool:
+        """The export of ``items`` returned; ``False`` if it was already counted."""
+        with self._lock:
+            self._items -= items
+            return not self.abandoned
+
+    def abandon(self) -> None:
+        with self._lock:
+            if self.abandoned:
+                return
+            self.abandoned = True
+            items, self._items = self._items, 0
+        self._stats.add_dropped(self._signal, "shutdown_timeout", items)
+
+
+def _stop_inner(inner: Any) -> None:
+    """Tell an exporter to stop (aborts its retry waits, closes its channel), off-thread:
+    an exporter's ``shutdown`` may itself wait for the export it is stopping."""
+
+    def stop() -> None:
+        with contextlib.suppress(Exception):  # best effort while giving up
+            inner.shutdown()
+
+    threading.Thread(target=stop, name="otelgpu-exporter-stop", daemon=True).start()
+
+
 class GuardedSpanExporter(SpanExporter):
     """Fork guard and failure counting around a span exporter."""
 
@@ -109,22 +157,56 @@ class GuardedSpanExporter(SpanExporter):
         self.inner = inner
         self._stats = stats
         self._pid = os.getpid()
+        self._in_flight = _InFlight(stats, "traces")
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._guarded(spans, lambda: self.inner.export(spans))
+
+    @property
+    def accepts_encoded(self) -> bool:
+        """Whether :meth:`export_encoded` sends bytes from ``otelgpu.otel.span_encoding``."""
+        return bool(getattr(self.inner, "accepts_encoded", False))
+
+    @property
+    def encode_span(self) -> Any:
+        """The inner exporter's per-span encoder (``otelgpu.otel.fast_export``)."""
+        return self.inner.encode_span  # type: ignore[attr-defined]
+
+    @property
+    def assemble(self) -> Any:
+        """The inner exporter's payload builder (``otelgpu.otel.fast_export``)."""
+        return self.inner.assemble  # type: ignore[attr-defined]
+
+    def export_encoded(self, spans: Sequence[ReadableSpan], payload: Any) -> SpanExportResult:
+        """:meth:`export` of a batch already encoded (by :attr:`assemble`)."""
+        return self._guarded(spans, lambda: self.inner.export_encoded(spans, payload))  # type: ignore[attr-defined]
+
+    def _guarded(
+        self, spans: Sequence[ReadableSpan], send: Callable[[], SpanExportResult]
+    ) -> SpanExportResult:
         if os.getpid() != self._pid:
             self._stats.add_dropped("traces", "forked_child", len(spans))
             return SpanExportResult.SUCCESS
+        n = len(spans)
+        if not self._in_flight.begin(n):
+            return SpanExportResult.FAILURE
         try:
-            result = self.inner.export(spans)
+            result = send()
         except Exception as exc:  # noqa: BLE001 - exporters must never raise into us
             self._stats.report_error(f"export traces ({type(self.inner).__name__})", exc)
             result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self._stats.add_dropped("traces", "export_failed", len(spans))
+        if self._in_flight.end(n) and result is not SpanExportResult.SUCCESS:
+            self._stats.add_dropped("traces", "export_failed", n)
         return result
 
+    def abandon(self) -> None:
+        """Shutdown gave up: count the export in flight as dropped, stop the exporter."""
+        if not self._in_flight.abandoned:
+            self._in_flight.abandon()
+            _stop_inner(self.inner)
+
     def shutdown(self) -> None:
-        if os.getpid() == self._pid:
+        if os.getpid() == self._pid and not self._in_flight.abandoned:
             self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -147,6 +229,7 @@ class GuardedMetricExporter(MetricExporter):
         self._stats = stats
         self._sketch_metrics = sketch_metrics
         self._pid = os.getpid()
+        self._in_flight = _InFlight(stats, "metrics")
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -154,16 +237,30 @@ class GuardedMetricExporter(MetricExporter):
         if os.getpid() != self._pid:
             self._stats.add_dropped("metrics", "forked_child", _count_points(metrics_data))
             return MetricExportResult.SUCCESS
+        n = 0
         try:
             if self._sketch_metrics is not None:
                 metrics_data = append_metrics(metrics_data, self._sketch_metrics())
-            result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
+            n = _count_points(metrics_data)
+            if not self._in_flight.begin(n):
+                return MetricExportResult.FAILURE
+            try:
+                result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
+            finally:
+                counted_here = self._in_flight.end(n)
         except Exception as exc:  # noqa: BLE001 - exporters must never raise into us
             self._stats.report_error(f"export metrics ({type(self.inner).__name__})", exc)
             result = MetricExportResult.FAILURE
-        if result is not MetricExportResult.SUCCESS:
-            self._stats.add_dropped("metrics", "export_failed", _count_points(metrics_data))
+            counted_here = not self._in_flight.abandoned
+        if counted_here and result is not MetricExportResult.SUCCESS:
+            self._stats.add_dropped("metrics", "export_failed", n)
         return result
+
+    def abandon(self) -> None:
+        """Shutdown gave up: count the export in flight as dropped, stop the exporter."""
+        if not self._in_flight.abandoned:
+            self._in_flight.abandon()
+            _stop_inner(self.inner)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
@@ -174,7 +271,7 @@ class GuardedMetricExporter(MetricExporter):
         timeout = kwargs.get("timeout")
         if isinstance(timeout, int | float) and timeout >= 0:
             timeout_millis = min(timeout_millis, timeout)
-        if os.getpid() == self._pid:
+        if os.getpid() == self._pid and not self._in_flight.abandoned:
             self.inner.shutdown(timeout_millis=timeout_millis)
 
 

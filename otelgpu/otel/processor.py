@@ -13,7 +13,16 @@ opt-in SDK self-metrics, and a forked child restarts its worker. This one:
   ``shutdown_timeout_s`` plus one export's own timeout; spans still queued then are
   dropped and counted (``(traces, shutdown)``).
 
-``on_end`` (the application's hot path) is a deque append under no lock.
+``on_end`` (the application's hot path) is a deque append under no lock (plus, for step
+spans, the tail sampler's decision: ``otelgpu.otel.tail_sampling``).
+
+The host never waits long for the export thread: with an exporter that takes
+pre-encoded batches (``otelgpu.otel.fast_export``), spans are encoded one by one
+(``otelgpu.otel.span_encoding``) and the thread gives the GIL back for
+``YIELD_S`` after every ``SLICE_S`` of encoding and after every request; requests carry
+at most ``ENCODED_BATCH`` spans, so no single C call (parsing, serialising, sending) holds
+the GIL for long either. Without it (console, a user's exporter), batches are exported as
+the SDK's processor would.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import os
 import threading
 import time
 import weakref
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import suppress_instrumentation
@@ -30,6 +40,15 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelgpu.otel.stats import InternalStats
+from otelgpu.otel.tail_sampling import StepSpanSampler
+
+#: Longest stretch of encoding between two GIL hand-backs (seconds).
+SLICE_S = 0.0003
+#: How long the export thread sleeps to hand the GIL back (seconds): long enough for a
+#: waiting application thread to wake and take it.
+YIELD_S = 0.0001
+#: Most spans per pre-encoded request.
+ENCODED_BATCH = 128
 
 
 class BoundedBatchSpanProcessor(SpanProcessor):
@@ -44,8 +63,11 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         max_export_batch_size: int = 512,
         schedule_delay_s: float = 5.0,
         shutdown_timeout_s: float = 10.0,
+        step_spans_per_second: float = 0.0,
     ) -> None:
         self._exporter = exporter
+        self._sampler = StepSpanSampler(step_spans_per_second)
+        self._encoded = bool(getattr(exporter, "accepts_encoded", False))
         self._shutdown_timeout_s = shutdown_timeout_s
         self._stats = stats
         self._max_queue_size = max_queue_size
@@ -85,6 +107,9 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if self._stopped or not (span.context and span.context.trace_flags.sampled):
             return
+        if not self._sampler.keep(span):
+            self._stats.add_dropped("traces", "tail_sampled")
+            return
         if len(self._queue) >= self._max_queue_size:
             self._stats.add_dropped("traces", "queue_full")
             return
@@ -122,19 +147,45 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 if deadline is not None and time.monotonic() > deadline:
                     return False
                 batch: list[ReadableSpan] = []
-                while self._queue and len(batch) < self._batch_size:
+                size = min(self._batch_size, ENCODED_BATCH) if self._encoded else self._batch_size
+                while self._queue and len(batch) < size:
                     batch.append(self._queue.popleft())
                 try:
                     with suppress_instrumentation():
-                        result = self._exporter.export(batch)
+                        if self._encoded:
+                            batch, payload = self._encode_sliced(batch)
+                            exporter: Any = self._exporter
+                            result = exporter.export_encoded(batch, payload)
+                        else:
+                            result = self._exporter.export(batch)
                 except Exception as exc:  # noqa: BLE001 - a broken exporter must not kill us
                     self._stats.report_error("span export", exc)
                     result = SpanExportResult.FAILURE
                 if result is not SpanExportResult.SUCCESS:
                     ok = False
+                if self._encoded and self._queue:
+                    time.sleep(YIELD_S)
         finally:
             self._export_lock.release()
         return ok
+
+    def _encode_sliced(self, batch: list[ReadableSpan]) -> tuple[list[ReadableSpan], Any]:
+        """Encode ``batch`` span by span, handing the GIL back every ``SLICE_S``."""
+        clock = time.perf_counter
+        pairs = []
+        slice_end = clock() + SLICE_S
+        exporter: Any = self._exporter
+        encode = exporter.encode_span
+        for span in batch:
+            try:
+                pairs.append((span, encode(span)))
+            except Exception as exc:  # noqa: BLE001 - one bad span must not sink the batch
+                self._stats.report_error("span encoding", exc)
+                self._stats.add_dropped("traces", "encoding_failed")
+            if clock() > slice_end:
+                time.sleep(YIELD_S)
+                slice_end = clock() + SLICE_S
+        return [span for span, _ in pairs], exporter.assemble(pairs)
 
     # ------------------------------------------------------------------ lifecycle
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -160,6 +211,16 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._exporter.shutdown()
         except Exception as exc:  # noqa: BLE001 - shutdown goes on
             self._stats.report_error("span exporter shutdown", exc)
+
+    def abandon(self) -> None:
+        """Shutdown ran out of time: count what is still queued as dropped
+        (``(traces, shutdown_timeout)``) and stop; the batch in flight is the exporter's."""
+        self._stopped = True
+        self._wake.set()
+        left = len(self._queue)
+        if left:
+            self._queue.clear()
+            self._stats.add_dropped("traces", "shutdown_timeout", left)
 
     @property
     def queued(self) -> int:

@@ -18,14 +18,17 @@ histograms travel through a small private meter provider with otelgpu's exporter
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import re
 import secrets
 import socket
+import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from otelgpu._settings import Settings
 from otelgpu.otel import exporters as ex
+from otelgpu.otel.fast_export import EncodedSpanExporter
 from otelgpu.otel.processor import BoundedBatchSpanProcessor
 from otelgpu.otel.recording import (
     RecordingFile,
@@ -143,7 +147,16 @@ class Pipeline:
     recording: RecordingFile | None = None
     prometheus_server: Any = None
     prometheus_address: tuple[str, int] | None = None
+    #: The sketch histograms' collector on the default Prometheus registry.
+    prometheus_collector: Any = None
     exporter_names: tuple[str, ...] = ()
+    stats: InternalStats | None = None
+    #: Bound of :meth:`shutdown` in seconds (setting ``shutdown_timeout_ms``).
+    shutdown_timeout_s: float = 3.0
+    span_processors: list[BoundedBatchSpanProcessor] = field(default_factory=list)
+    guarded_exporters: list[ex.GuardedSpanExporter | ex.GuardedMetricExporter] = field(
+        default_factory=list
+    )
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -158,7 +171,54 @@ class Pipeline:
                 flush(timeout_millis)
 
     def shutdown(self) -> None:
-        """Flush and stop what otelgpu built (never the application's providers)."""
+        """Flush and stop what otelgpu built (never the application's providers).
+
+        Bounded by ``shutdown_timeout_s`` whatever the collector does (refuses, accepts
+        and never answers, answers slowly): the providers are shut down on a daemon
+        thread; when time is up, what is still queued or in flight is counted in
+        ``otelgpu.internal.dropped`` (reason ``shutdown_timeout``), the exporters are
+        told to stop, and the thread is left behind (it holds no lock the application
+        needs). The OpenTelemetry exporters' own retry warnings and tracebacks are held
+        back meanwhile; one warning line says what could not be delivered.
+        """
+        stats = self.stats
+        lost_before = stats.dropped() if stats is not None else {}
+        timeout_s = max(0.0, self.shutdown_timeout_s)
+        deadline = time.monotonic() + timeout_s
+        quiet = QuietExporterLogs()
+        quiet.install()
+        # One thread per provider: the spans' final export and the metrics' final
+        # collection run side by side, so each gets the whole budget (and a metric
+        # collection stuck behind a hung span export is still counted when time is up).
+        workers = [
+            threading.Thread(
+                target=self._shutdown_provider,
+                args=(provider, deadline),
+                name="otelgpu-shutdown",
+                daemon=True,
+            )
+            for provider in self._owned()
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        finished = not any(worker.is_alive() for worker in workers)
+        if not finished:
+            self._abandon()
+        else:
+            quiet.remove()  # nothing of ours runs any more: give the loggers back
+        if self.prometheus_server is not None:
+            self.prometheus_server.shutdown()
+            self.prometheus_server.server_close()
+        if self.prometheus_collector is not None:
+            _unregister(self.prometheus_collector)
+        if self.recording is not None:
+            self.recording.close()
+        if stats is not None:
+            _warn_lost(lost_before, stats.dropped(), timeout_s, finished, quiet.held)
+
+    def _owned(self) -> list[Any]:
         owned: list[Any] = []
         if self.owns_tracer_provider:
             owned.append(self.tracer_provider)
@@ -166,33 +226,113 @@ class Pipeline:
             owned.append(self.meter_provider)
         if self.sketch_meter_provider is not None:
             owned.append(self.sketch_meter_provider)
-        for provider in owned:
-            _shutdown_quietly(provider)
-            if provider in _built:
-                _built[provider] = -1
-        if self.prometheus_server is not None:
-            self.prometheus_server.shutdown()
-            self.prometheus_server.server_close()
-        if self.recording is not None:
-            self.recording.close()
+        return owned
+
+    @staticmethod
+    def _shutdown_provider(provider: Any, deadline: float) -> None:
+        if provider in _built:
+            _built[provider] = -1
+        _shutdown_quietly(provider, deadline)
+
+    def _abandon(self) -> None:
+        """Time is up: count what is queued or in flight and tell the exporters to stop."""
+        for processor in self.span_processors:
+            processor.abandon()
+        for guarded in self.guarded_exporters:
+            guarded.abandon()
 
 
-def _shutdown_quietly(provider: Any) -> None:
+#: Loggers of the OpenTelemetry exporters and readers that log every failed attempt
+#: (retry warnings, tracebacks) -- dozens of lines at exit with an unreachable collector.
+_NOISY_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http._log_exporter",
+    "opentelemetry.sdk.metrics._internal.export",
+    "opentelemetry.sdk.trace.export",
+)
+
+
+class QuietExporterLogs(logging.Filter):
+    """Holds back the OpenTelemetry exporters' log records during shutdown (counted in
+    ``held``); otelgpu says what was lost in one line instead."""
+
+    def __init__(self) -> None:
+        super().__init__("otelgpu.quiet")
+        self.held = 0
+        self._loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held += 1
+        return False
+
+    def install(self) -> None:
+        for logger in self._loggers:
+            logger.addFilter(self)
+
+    def remove(self) -> None:
+        for logger in self._loggers:
+            logger.removeFilter(self)
+
+
+def _warn_lost(
+    before: dict[tuple[str, str], int],
+    after: dict[tuple[str, str], int],
+    timeout_s: float,
+    finished: bool,
+    held: int,
+) -> None:
+    """One warning line for telemetry lost during shutdown (nothing when none was)."""
+    lost: dict[str, int] = {}
+    for (signal, reason), n in after.items():
+        delta = n - before.get((signal, reason), 0)
+        if delta > 0 and reason != "forked_child":
+            lost[signal] = lost.get(signal, 0) + delta
+    if not lost:
+        return
+    what = ", ".join(
+        f"{n} {'spans' if s == 'traces' else 'metric points' if s == 'metrics' else s}"
+        for s, n in sorted(lost.items())
+    )
+    _logger.warning(
+        "otelgpu: shutdown %s: %s not delivered (collector unreachable or failing; "
+        "counted in otelgpu.internal.dropped%s)",
+        f"gave up after {timeout_s:g} s" if not finished else "finished",
+        what,
+        f"; {held} exporter log records suppressed" if held else "",
+    )
+
+
+def _shutdown_quietly(provider: Any, deadline: float) -> None:
     try:
-        provider.shutdown()
+        if isinstance(provider, MeterProvider):
+            left_ms = max(0.0, deadline - time.monotonic()) * 1000
+            provider.shutdown(timeout_millis=left_ms)
+        else:
+            provider.shutdown()
     except Exception as exc:  # noqa: BLE001 - shutdown goes on
         _logger.warning("otelgpu: error shutting down %r: %r", provider, exc)
 
 
+def signal_exporters(settings: Settings, signal: str) -> tuple[str, ...]:
+    """The exporters of ``signal`` (``traces`` or ``metrics``): ``exporters`` unless the
+    signal's own setting (``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``) is ``none``."""
+    per_signal = settings.traces_exporter if signal == "traces" else settings.metrics_exporter
+    return () if per_signal == "none" else settings.exporters
+
+
 def _span_exporters(settings: Settings, recording: RecordingFile | None) -> list[SpanExporter]:
     out: list[SpanExporter] = []
-    for name in settings.exporters:
+    for name in signal_exporters(settings, "traces"):
+        # OTLP and the recording take spans encoded by otelgpu (fast_export): same SDK
+        # transport and settings, a faster encoder that yields the GIL between spans.
         if name == "otlp":
-            out.append(ex.otlp_span_exporter(settings))
+            out.append(EncodedSpanExporter(ex.otlp_span_exporter(settings)))
         elif name == "console":
             out.append(ConsoleSpanExporter())
         elif name == "recording" and recording is not None:
-            out.append(RecordingSpanExporter(recording))
+            out.append(EncodedSpanExporter(RecordingSpanExporter(recording)))
     return out
 
 
@@ -200,7 +340,7 @@ def _metric_exporters(
     settings: Settings, recording: RecordingFile | None, temporality: ex.Temporality
 ) -> list[MetricExporter]:
     out: list[MetricExporter] = []
-    for name in settings.exporters:
+    for name in signal_exporters(settings, "metrics"):
         if name == "otlp":
             out.append(ex.otlp_metric_exporter(settings, temporality))
         elif name == "console":
@@ -234,16 +374,23 @@ def build_pipeline(
     built: list[Any] = []  # what to shut down if a later step fails
     pipeline_kwargs: dict[str, Any] = {}
     recording = None
+    processors: list[BoundedBatchSpanProcessor] = []
+    guarded: list[ex.GuardedSpanExporter | ex.GuardedMetricExporter] = []
+    metric_names = signal_exporters(settings, "metrics")
     try:
         prometheus = None
-        if meter_given is None and "prometheus" in settings.exporters:
+        if meter_given is None and "prometheus" in metric_names:
             # First: the step most likely to fail for reasons outside the program.
-            prometheus = _prometheus(settings)
-            built.append(prometheus[1])
-            pipeline_kwargs.update(
-                prometheus_server=prometheus[1], prometheus_address=prometheus[2]
-            )
-        if "recording" in settings.exporters:
+            prometheus = _prometheus(settings, stats)
+            if prometheus is not None:
+                built.append(prometheus[1])
+                pipeline_kwargs.update(
+                    prometheus_server=prometheus[1],
+                    prometheus_address=prometheus[2],
+                    prometheus_collector=_register_sketch_collector(sketch_metrics, stats),
+                )
+                built.append(pipeline_kwargs["prometheus_collector"])
+        if "recording" in signal_exporters(settings, "traces") + metric_names:
             recording = RecordingFile(
                 recording_path(settings, resource),
                 max_bytes=settings.recording_max_bytes,
@@ -269,28 +416,36 @@ def build_pipeline(
             )
             built.append(sdk_tp)
             for exporter in _span_exporters(settings, recording):
-                sdk_tp.add_span_processor(
-                    BoundedBatchSpanProcessor(
-                        ex.GuardedSpanExporter(exporter, stats),
-                        stats=stats,
-                        max_queue_size=settings.span_queue_size,
-                        max_export_batch_size=settings.span_export_batch_size,
-                        schedule_delay_s=settings.span_schedule_delay_ms / 1000,
-                    )
+                guarded_span = ex.GuardedSpanExporter(exporter, stats)
+                processor = BoundedBatchSpanProcessor(
+                    guarded_span,
+                    stats=stats,
+                    max_queue_size=settings.span_queue_size,
+                    max_export_batch_size=settings.span_export_batch_size,
+                    schedule_delay_s=settings.span_schedule_delay_ms / 1000,
+                    shutdown_timeout_s=settings.shutdown_timeout_ms / 1000,
+                    step_spans_per_second=settings.step_spans_per_second,
                 )
+                sdk_tp.add_span_processor(processor)
+                guarded.append(guarded_span)
+                processors.append(processor)
             tp, owns_tp = sdk_tp, True
 
         # ---- metrics
         def readers() -> list[MetricReader]:
-            return [
-                ForkAwareMetricReader(
-                    ex.GuardedMetricExporter(
-                        exporter, stats, temporality=temporality, sketch_metrics=sketch_metrics
-                    ),
-                    export_interval_millis=settings.metric_export_interval_ms,
+            out: list[MetricReader] = []
+            for exporter in _metric_exporters(settings, recording, temporality):
+                guarded_metrics = ex.GuardedMetricExporter(
+                    exporter, stats, temporality=temporality, sketch_metrics=sketch_metrics
                 )
-                for exporter in _metric_exporters(settings, recording, temporality)
-            ]
+                guarded.append(guarded_metrics)
+                out.append(
+                    ForkAwareMetricReader(
+                        guarded_metrics,
+                        export_interval_millis=settings.metric_export_interval_ms,
+                    )
+                )
+            return out
 
         if meter_given is not None:
             mp: metrics.MeterProvider = meter_given
@@ -337,14 +492,38 @@ def build_pipeline(
         sketch_meter_provider=sketch_mp,
         recording=recording,
         exporter_names=settings.exporters,
+        stats=stats,
+        shutdown_timeout_s=settings.shutdown_timeout_ms / 1000,
+        span_processors=processors,
+        guarded_exporters=guarded,
         **pipeline_kwargs,
     )
+
+
+def _register_sketch_collector(sketch_metrics: Callable[[], Sequence[Metric]], stats: Any) -> Any:
+    """Put the sketch histograms on the pull endpoint (``otelgpu.otel.prometheus``)."""
+    from prometheus_client import REGISTRY
+
+    from otelgpu.otel.prometheus import SketchCollector
+
+    collector = SketchCollector(sketch_metrics, stats)
+    REGISTRY.register(collector)
+    return collector
+
+
+def _unregister(collector: Any) -> None:
+    from prometheus_client import REGISTRY
+
+    with contextlib.suppress(KeyError):  # already gone
+        REGISTRY.unregister(collector)
 
 
 def _discard(item: Any) -> None:
     """Undo one part of a pipeline whose construction failed (never raises)."""
     try:
-        if isinstance(item, RecordingFile):
+        if type(item).__name__ == "SketchCollector":
+            _unregister(item)
+        elif isinstance(item, RecordingFile):
             item.close()
             if item.lines_written == 0 and item.path.exists() and item.path.stat().st_size == 0:
                 item.path.unlink()
@@ -357,7 +536,32 @@ def _discard(item: Any) -> None:
         _logger.debug("otelgpu: cleanup after a failed instrument(): %r", exc)
 
 
-def _prometheus(settings: Settings) -> tuple[MetricReader, Any, tuple[str, int]]:
+def prometheus_port(settings: Settings, environ: Mapping[str, str] | None = None) -> int:
+    """The port this process's pull endpoint asks for.
+
+    Rule (documented in docs/configuration.md): ``prometheus_port + LOCAL_RANK`` when
+    ``prometheus_rank_offset`` is on (default), ``LOCAL_RANK`` is set (torchrun, DeepSpeed,
+    Accelerate set it on every rank of a node) and the base port is not 0 (0 picks a free
+    port anyway); otherwise ``prometheus_port``.
+    """
+    env = os.environ if environ is None else environ
+    base = settings.prometheus_port
+    rank = env.get("LOCAL_RANK", "").strip()
+    if settings.prometheus_rank_offset and base and rank.isdigit():
+        return min(base + int(rank), 65535)
+    return base
+
+
+def _prometheus(
+    settings: Settings, stats: InternalStats
+) -> tuple[MetricReader, Any, tuple[str, int]] | None:
+    """The pull endpoint's reader, server and address; ``None`` when its port is taken.
+
+    A port in use is a fact of the node (another rank, another exporter), not a mistake
+    in the configuration: the process goes on without a pull endpoint (one warning,
+    counted in ``otelgpu.internal.errors``) rather than crash ``instrument()`` on every
+    rank after the first. An address that cannot be bound at all is a configuration error.
+    """
     try:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
@@ -369,10 +573,19 @@ def _prometheus(settings: Settings) -> tuple[MetricReader, Any, tuple[str, int]]
             "prometheus",
             "an installed opentelemetry-exporter-prometheus (pip install 'otelgpu[prometheus]')",
         ) from exc
+    port = prometheus_port(settings)
     try:
-        server, _thread = start_http_server(settings.prometheus_port, addr=settings.prometheus_host)
+        server, _thread = start_http_server(port, addr=settings.prometheus_host)
     except OSError as exc:  # port in use, address not local, permission denied ...
         from otelgpu.errors import ConfigurationError
+
+        if exc.errno == errno.EADDRINUSE:
+            stats.report_error(
+                f"prometheus endpoint {settings.prometheus_host}:{port} (port in use; "
+                "no pull endpoint in this process -- see prometheus_rank_offset)",
+                exc,
+            )
+            return None
 
         raise ConfigurationError(
             "prometheus_port",

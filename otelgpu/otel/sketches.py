@@ -31,6 +31,7 @@ from opentelemetry.sdk.metrics.export import (
     Metric,
 )
 
+from otelgpu.otel import histogram_rule
 from otelgpu.otel.stats import InternalStats
 
 OVERFLOW_ATTRIBUTES: Mapping[str, Any] = {"otel.metric.overflow": True}
@@ -193,11 +194,19 @@ class SketchHistogram:
         )
 
     def observe_quantiles(self, quantiles: Sequence[float]) -> Iterable[Observation]:
-        """One observation per (series, quantile): the cumulative quantile estimate."""
+        """One observation per (series, quantile): the cumulative quantile estimate.
+
+        By the rule the exported histogram implies (nearest rank, ``ceil(q * n)``-th value;
+        :mod:`otelgpu.otel.histogram_rule`), so the gauge and a backend's
+        ``histogram_quantile`` over the same data agree: with two values p95 and p99 are
+        the larger one, with ten values p99 is the maximum.
+        """
         for attributes, sketch in self.series():
             if not sketch.count:
                 continue
-            for q, value in zip(quantiles, sketch.quantiles(list(quantiles)), strict=True):
+            point = sketch.to_data_point(0, 0)
+            estimates = histogram_rule.quantiles(point, quantiles)
+            for q, value in zip(quantiles, estimates, strict=True):
                 if not math.isnan(value):
                     yield Observation(value, {**attributes, "quantile": q})
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from otelgpu.otel import gpu_context
+from otelgpu.otel import gpu_context, gpu_summary
 
 ReportError = Callable[[str, BaseException], None]
 
@@ -21,6 +21,8 @@ class GpuContext:
     def __init__(self, sampler: Any, report_error: ReportError) -> None:
         self.sampler = sampler
         self._report_error = report_error
+        #: (sampler, its constant-size summarizer or None); rebuilt when the sampler changes.
+        self._summary: tuple[Any, gpu_summary.GpuSummarizer | None] | None = None
 
     def attributes(
         self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
@@ -34,6 +36,11 @@ class GpuContext:
         if sampler is None:
             return {}
         try:
+            summary = self._summary
+            if summary is None or summary[0] is not sampler:
+                summary = self._summary = (sampler, gpu_summary.summarizer_for(sampler))
+            if summary[1] is not None:  # constant size for 1 or 8 GPUs (otel.gpu_summary)
+                return summary[1].attributes(start_ns, end_ns, devices)
             windows = sampler.windows(start_ns, end_ns)
             if devices is not None:
                 windows = {u: windows[u] for u in devices if u in windows}

@@ -437,6 +437,22 @@ class BaseGpuSampler:
                 result[uuid] = stats
         return result
 
+    def raw_windows(self, start_ns: int, end_ns: int) -> list[tuple[Any, ...] | None]:
+        """Raw window tuples (``RAW_WINDOW_FIELDS`` order) of every device, in ``devices``
+        order; ``None`` where a device has no data (bounds as :meth:`window` takes them).
+
+        No ``WindowStats`` is built and no XID is looked up: for callers that summarise
+        many GPUs per span and read the window's events once for all devices
+        (``otelgpu.otel.gpu_summary``). Cost: one C window query per device.
+        """
+        s_ns, e_ns = _time_bound(start_ns), _time_bound(end_ns)
+        if s_ns is None or e_ns is None:
+            return [None] * len(self._uuids)
+        if self._pid != os.getpid():
+            self._after_fork_in_child()
+        window = self._core.window
+        return [window(i, s_ns, e_ns) for i in range(len(self._uuids))]
+
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
         """Events in ``[start_ns, end_ns]`` (all devices, or ``uuid``), oldest first.
 

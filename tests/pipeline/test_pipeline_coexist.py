@@ -107,6 +107,7 @@ def test_pipeline_collector_down_then_back(protocol: str) -> None:
         span_export_batch_size=32,
         span_schedule_delay_ms=50,
         metric_export_interval_ms=3_600_000,
+        step_spans_per_second=0,  # every step span: this is about the queue, not sampling
         gpu=False,
     )
     runtime = handle.runtime

@@ -26,3 +26,15 @@ def test_pipeline_gpu_context_attributes_documented() -> None:
     section = _section()
     for attribute, *_ in gpu_context._FIELDS:
         assert f"`{attribute}`" in section, attribute
+
+
+def test_pipeline_gpu_summary_attributes_documented() -> None:
+    """Every attribute of the constant-size GPU context is in docs/metrics.md."""
+    import re as _re
+
+    section = _section()
+    source = (DOCS.parents[1] / "otelgpu" / "otel" / "gpu_summary.py").read_text()
+    attributes = set(_re.findall(r'"(otelgpu\.gpu\.[a-z_.]+)"', source)) | {"hw.id"}
+    assert len(attributes) > 10
+    for attribute in sorted(attributes):
+        assert f"`{attribute}`" in section, attribute

@@ -243,15 +243,27 @@ class EngineRecorder:
         if finished:
             end_s = f.number(stats, "iteration_timestamp")
             end_ns = int(end_s * _NS) if end_s is not None else time.time_ns()
+            # On the engine loop: the finish counters only. The request's span (GPU context,
+            # attributes) and its latency metrics are made off the loop (otelgpu.otel.deferred).
+            deferred = getattr(self.runtime, "deferred", None)
             for request in finished:
-                self._record_finished(request, end_ns)
+                reason = f.text(request, "finish_reason", "unknown")
+                self.finished[reason] = self.finished.get(reason, 0) + 1
+                self.finished_total += 1
+                # The caller's trace context is consumed now (the registry stays bounded).
+                parent: Context | None = None
+                if self._registry is not None:
+                    request_id = f.child(request, "request_id", optional=True)
+                    if request_id is not None:
+                        parent = self._registry.pop(request_id)
+                if deferred is not None:
+                    deferred.submit(self._record_finished, request, end_ns, reason, parent)
+                else:
+                    self._record_finished(request, end_ns, reason, parent)
 
-    def _record_finished(self, req: Any, end_ns: int) -> None:
+    def _record_finished(self, req: Any, end_ns: int, reason: str, parent: Context | None) -> None:
         f = self.fields
         f.inspect(req)
-        reason = f.text(req, "finish_reason", "unknown")
-        self.finished[reason] = self.finished.get(reason, 0) + 1
-        self.finished_total += 1
         e2e = f.number(req, "e2e_latency")
         if e2e is None or e2e < 0:
             return
@@ -284,9 +296,6 @@ class EngineRecorder:
         # semconv TPOT -- equals vLLM's mean_time_per_output_token exactly.
         first_token_ns = end_ns - int(decode * _NS) if decode is not None else None
         request_id = f.child(req, "request_id", optional=True)
-        parent: Context | None = None
-        if self._registry is not None and request_id is not None:
-            parent = self._registry.pop(request_id)
         # Every span attribute costs ~1.5 us of SDK validation: only what is not derivable
         # (inference_time = prefill_time + decode_time is left to the metric).
         extra: dict[str, Any] = {"gen_ai.response.finish_reasons": [reason]}

@@ -1,0 +1,120 @@
+"""Work moved off the host's hot loop: a bounded queue drained by a background thread.
+
+A serving engine's loop (vLLM's ``record()``) should pay for a finished request what its
+own Prometheus logger pays -- a few counters -- not for a span with its GPU context and a
+dozen attributes. :class:`DeferredWork` takes a callable and its arguments (an append,
+well under a microsecond) and runs it on the ``otelgpu-deferred`` thread, which:
+
+* wakes every ``interval_s`` (or when ``batch`` items wait) and runs what is queued, in
+  order, handing the GIL back for ``YIELD_S`` after every ``SLICE_S`` of work, so the
+  host's loop never waits long for it;
+* holds at most ``limit`` items; beyond that the newest are dropped and counted
+  (``otelgpu.internal.dropped``, signal ``traces``, reason ``deferred_queue_full``);
+* never lets an exception out (reported once per place, counted);
+* :meth:`drain` runs everything queued now, on the calling thread (flush, shutdown);
+* a forked child starts empty, with no thread (started again on first use).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otelgpu.otel.stats import InternalStats
+
+SLICE_S = 0.0003
+YIELD_S = 0.0001
+
+
+class DeferredWork:
+    """A bounded queue of calls run by a background thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        stats: InternalStats,
+        *,
+        where: str,
+        limit: int = 65_536,
+        interval_s: float = 0.05,
+        batch: int = 64,
+    ) -> None:
+        self._stats = stats
+        self._where = where
+        self._limit = limit
+        self._interval_s = interval_s
+        self._batch = batch
+        self._queue: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = (
+            collections.deque()
+        )
+        self._wake = threading.Event()
+        self._run_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._stopped = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` (hot path: an append). Never raises."""
+        if self._stopped:
+            return
+        queue = self._queue
+        if len(queue) >= self._limit:
+            self._stats.add_dropped("traces", "deferred_queue_full")
+            return
+        queue.append((fn, args))
+        if self._thread is None or self._pid != os.getpid():
+            self._start()
+        elif len(queue) >= self._batch:
+            self._wake.set()
+
+    def _start(self) -> None:
+        if self._pid != os.getpid():  # a forked child: nothing of the parent's runs here
+            self._pid = os.getpid()
+            self._queue.clear()
+            self._run_lock = threading.Lock()
+        thread = threading.Thread(target=self._loop, name="otelgpu-deferred", daemon=True)
+        self._thread = thread
+        thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            self._run(yielding=True)
+
+    def _run(self, *, yielding: bool) -> None:
+        clock = time.perf_counter
+        with self._run_lock:
+            slice_end = clock() + SLICE_S
+            queue = self._queue
+            while queue:
+                try:
+                    fn, args = queue.popleft()
+                except IndexError:
+                    return
+                try:
+                    fn(*args)
+                except Exception as exc:  # noqa: BLE001 - never out of the worker
+                    self._stats.report_error(self._where, exc)
+                if yielding and clock() > slice_end:
+                    time.sleep(YIELD_S)
+                    slice_end = clock() + SLICE_S
+
+    def drain(self) -> None:
+        """Run everything queued now, on the calling thread."""
+        if self._pid != os.getpid():
+            return
+        self._run(yielding=False)
+
+    def close(self) -> None:
+        """Drain, then stop the thread (idempotent)."""
+        self.drain()
+        self._stopped = True
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)

@@ -1,0 +1,105 @@
+"""The sketch metrics on the Prometheus pull endpoint, as histograms Prometheus can aggregate.
+
+The OpenTelemetry Prometheus exporter has no exponential histograms, so the sketches
+would reach the pull endpoint only as their quantile gauges (cumulative since start: no
+``rate``, no aggregation across ranks). :class:`SketchCollector` adds each sketch metric
+as a classic Prometheus histogram (``<name>_bucket{le}``, ``_sum``, ``_count``) at the
+fixed log-spaced bounds of :mod:`otelgpu.otel.histogram_rule` -- the same bounds in every
+process, counts exact -- so ``histogram_quantile(0.99, sum by (le) (rate(…_bucket[5m])))``
+works across ranks, replicas and ``error.type`` series. Names and labels follow the
+OpenTelemetry exporter's rules (``gen_ai.server.request.duration`` in ``s`` becomes
+``gen_ai_server_request_duration_seconds``), with the same ``otel_scope_*`` labels.
+The quantile gauges stay (``<name>_quantile_<unit>{quantile}``).
+
+Collection runs on the scrape's thread, reads the sketches under their own locks, and
+never raises (a failure is counted in ``otelgpu.internal.errors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from opentelemetry.exporter.prometheus._mapping import (
+    map_unit,
+    sanitize_attribute,
+    sanitize_full_name,
+)
+from opentelemetry.sdk.metrics.export import ExponentialHistogram, Metric
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from otelgpu.otel import histogram_rule
+from otelgpu.otel.exporters import SCOPE
+from otelgpu.otel.stats import InternalStats
+
+
+def _label_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_label_value(v) for v in value) + "]"
+    return str(value)
+
+
+class SketchCollector(Collector):
+    """A ``prometheus_client`` collector of the sketch metrics (see the module docstring)."""
+
+    def __init__(self, sketch_metrics: Callable[[], Sequence[Metric]], stats: InternalStats):
+        self._sketch_metrics = sketch_metrics
+        self._stats = stats
+        self._scope = {
+            "otel_scope_name": SCOPE.name,
+            "otel_scope_version": SCOPE.version or "",
+            "otel_scope_schema_url": "",
+        }
+
+    def describe(self) -> list[Any]:
+        # Nothing known ahead: no registration-time collect (sketches appear as recorded).
+        return []
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        try:
+            metrics = list(self._sketch_metrics())
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail on us
+            self._stats.report_error("prometheus sketches", exc)
+            return
+        for metric in metrics:
+            try:
+                family = self._family(metric)
+            except Exception as exc:  # noqa: BLE001
+                self._stats.report_error(f"prometheus {metric.name}", exc)
+                continue
+            if family is not None:
+                yield family
+
+    def _family(self, metric: Metric) -> HistogramMetricFamily | None:
+        data = metric.data
+        if not isinstance(data, ExponentialHistogram) or not data.data_points:
+            return None
+        unit = map_unit(metric.unit or "")
+        rows = []
+        keys: set[str] = set(self._scope)
+        for point in data.data_points:
+            labels = dict(self._scope)
+            for key, value in (point.attributes or {}).items():
+                labels[sanitize_attribute(key)] = _label_value(value)
+            keys.update(labels)
+            rows.append((labels, point))
+        label_keys = sorted(keys)
+        family = HistogramMetricFamily(
+            sanitize_full_name(metric.name),
+            metric.description or "",
+            labels=label_keys,
+            unit=unit,
+        )
+        for labels, point in rows:
+            buckets = [
+                (floatToGoString(le), float(count))  # type: ignore[no-untyped-call]
+                for le, count in histogram_rule.classic_buckets(point, metric.unit or "")
+            ]
+            family.add_metric(
+                [labels.get(k, "") for k in label_keys], buckets, sum_value=float(point.sum)
+            )
+        return family

@@ -1,0 +1,318 @@
+"""OTLP protobuf encoding of finished spans, written straight to bytes.
+
+The SDK's encoder (``opentelemetry.exporter.otlp.proto.common``) builds one protobuf
+object per span, attribute, value and event, in Python: 75-135 µs per otelgpu span with
+15 attributes -- more than the span itself. This encoder writes the protobuf wire format
+directly, with the encoded key of every attribute name and the whole key/value of repeated
+string and boolean attributes (a model name, a GPU UUID) cached, about 5x faster.
+
+Contract: ``encode_request(spans)`` is an ``ExportTraceServiceRequest`` whose decoding
+equals ``encode_spans(spans)`` of the SDK (same grouping by resource and scope, in order
+of first appearance; same span flags, kind mapping, status, ids), and is byte-for-byte
+the SDK's serialization (fields in field-number order, defaults omitted, oneof values
+always written) -- ``tests/pipeline/test_pipeline_span_encoding.py`` checks both.
+Values the SDK would refuse (an int beyond int64) are left out, as the SDK does.
+
+Work can be sliced: :func:`encode_span` encodes one span (no shared state but the
+bounded caches), :func:`assemble` frames already encoded spans into a request, so a
+background exporter can yield the GIL between spans (``otelgpu.otel.processor``).
+Thread-safe: the caches are plain dicts (atomic get/set under the GIL) and bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+_logger = logging.getLogger("otelgpu")
+
+_pack_d = struct.Struct("<d").pack
+_pack_q = struct.Struct("<Q").pack
+_pack_i = struct.Struct("<I").pack
+_MASK64 = (1 << 64) - 1
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_CACHE_LIMIT = 4096
+
+_SMALL = [bytes([i]) for i in range(128)]
+
+
+def _varint(n: int) -> bytes:
+    if n < 128:
+        return _SMALL[n]
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _ld(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: tag, length, payload."""
+    n = len(payload)
+    return tag + (_SMALL[n] if n < 128 else _varint(n)) + payload
+
+
+_key_cache: dict[str, bytes] = {}
+_kv_cache: dict[tuple[bytes, str, Any, type], bytes] = {}
+
+
+def _key(key: str) -> bytes:
+    encoded = _key_cache.get(key)
+    if encoded is None:
+        encoded = _ld(b"\x0a", key.encode("utf-8"))  # KeyValue.key
+        if len(_key_cache) >= _CACHE_LIMIT:
+            _key_cache.clear()
+        _key_cache[key] = encoded
+    return encoded
+
+
+def _any_value(value: Any) -> bytes:
+    """An ``AnyValue`` message body (the oneof field is always written)."""
+    if value is None:
+        return b""
+    t = type(value)
+    if t is bool:
+        return b"\x10\x01" if value else b"\x10\x00"
+    if t is str:
+        return _ld(b"\x0a", value.encode("utf-8"))
+    if t is int:
+        if value < _INT64_MIN or value > _INT64_MAX:
+            raise ValueError(f"int out of int64 range: {value}")
+        return b"\x18" + _varint(value & _MASK64)
+    if t is float:
+        return b"\x21" + _pack_d(value)
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, str):
+        return _ld(b"\x0a", value.encode("utf-8"))
+    if isinstance(value, int):
+        return _any_value(int(value))
+    if isinstance(value, float):
+        return b"\x21" + _pack_d(float(value))
+    if isinstance(value, bytes):
+        return _ld(b"\x3a", value)
+    if isinstance(value, Sequence):
+        inner = b"".join(_ld(b"\x0a", _any_value(v)) for v in value)  # ArrayValue.values
+        return _ld(b"\x2a", inner)
+    if isinstance(value, Mapping):
+        inner = b"".join(_ld(b"\x0a", _key_value(str(k), v)) for k, v in value.items())
+        return _ld(b"\x32", inner)
+    raise ValueError(f"Invalid type {type(value)} of value {value}")
+
+
+def _key_value(key: str, value: Any) -> bytes:
+    """A ``KeyValue`` message body."""
+    return _key(key) + _ld(b"\x12", _any_value(value))
+
+
+_float_prefix: dict[tuple[bytes, str], bytes] = {}
+
+
+def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
+    """Each attribute as one repeated ``KeyValue`` field with ``tag``.
+
+    Fast paths (the hot attribute types): a float is a cached prefix (tag, length, key,
+    value header: all fixed for a given key) plus 8 bytes; a str or bool key/value pair
+    is cached whole; a small non-negative int is framed in place.
+    """
+    if not attributes:
+        return []
+    out: list[bytes] = []
+    append = out.append
+    kv_cache = _kv_cache
+    small = _SMALL
+    # BoundedAttributes is a MutableMapping whose items() iterate through the generic
+    # (slow) ABC machinery; its plain dict iterates in the same order.
+    plain = getattr(attributes, "_dict", attributes)
+    for key, value in plain.items():
+        t = type(value)
+        if t is float:
+            prefix = _float_prefix.get((tag, key))
+            if prefix is None:
+                kb = _key(key)
+                prefix = tag + _varint(len(kb) + 11) + kb + b"\x12\x09\x21"
+                if len(_float_prefix) >= _CACHE_LIMIT:
+                    _float_prefix.clear()
+                _float_prefix[(tag, key)] = prefix
+            append(prefix + _pack_d(value))
+            continue
+        if t is int and 0 <= value < 128:
+            kb = _key(key)
+            n = len(kb) + 4
+            if n < 128:
+                append(tag + small[n] + kb + b"\x12\x02\x18" + small[value])
+                continue
+        if t is str or t is bool:
+            cache_key = (tag, key, value, t)
+            field = kv_cache.get(cache_key)
+            if field is None:
+                field = _ld(tag, _key_value(key, value))
+                if len(kv_cache) >= _CACHE_LIMIT:
+                    kv_cache.clear()
+                kv_cache[cache_key] = field
+            append(field)
+            continue
+        try:
+            append(_ld(tag, _key_value(key, value)))
+        except Exception as exc:  # noqa: BLE001 - the SDK logs and drops the attribute too
+            _logger.debug("otelgpu: attribute %s not encoded: %r", key, exc)
+    return out
+
+
+def _flags(parent: Any) -> bytes:
+    # SpanFlags: HAS_IS_REMOTE (0x100), plus IS_REMOTE (0x200) for a remote parent.
+    return _pack_i(0x300 if parent is not None and parent.is_remote else 0x100)
+
+
+def encode_span(span: Any) -> bytes:
+    """One ``Span`` message body (an SDK ``ReadableSpan``)."""
+    ctx = span.get_span_context()
+    parts = [
+        b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"),
+        b"\x12\x08" + ctx.span_id.to_bytes(8, "big"),
+    ]
+    state = ctx.trace_state
+    if state:
+        parts.append(_ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
+    parent = span.parent
+    if parent:
+        parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+    name = span.name
+    if name:
+        parts.append(_ld(b"\x2a", name.encode("utf-8")))
+    parts.append(b"\x30" + _SMALL[span.kind.value + 1])
+    if span.start_time:
+        parts.append(b"\x39" + _pack_q(span.start_time))
+    if span.end_time:
+        parts.append(b"\x41" + _pack_q(span.end_time))
+    parts += _attributes(b"\x4a", span.attributes)
+    dropped = span.dropped_attributes
+    if dropped:
+        parts.append(b"\x50" + _varint(dropped))
+    for event in span.events:
+        body = []
+        if event.timestamp:
+            body.append(b"\x09" + _pack_q(event.timestamp))
+        if event.name:
+            body.append(_ld(b"\x12", event.name.encode("utf-8")))
+        body += _attributes(b"\x1a", event.attributes)
+        if event.dropped_attributes:
+            body.append(b"\x20" + _varint(event.dropped_attributes))
+        parts.append(_ld(b"\x5a", b"".join(body)))
+    if span.dropped_events:
+        parts.append(b"\x60" + _varint(span.dropped_events))
+    for link in span.links:
+        body = [
+            b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big"),
+            b"\x12\x08" + link.context.span_id.to_bytes(8, "big"),
+        ]
+        body += _attributes(b"\x22", link.attributes)
+        if link.dropped_attributes:
+            body.append(b"\x28" + _varint(link.dropped_attributes))
+        body.append(b"\x35" + _flags(link.context))
+        parts.append(_ld(b"\x6a", b"".join(body)))
+    if span.dropped_links:
+        parts.append(b"\x70" + _varint(span.dropped_links))
+    status = span.status
+    if status is not None:
+        body = []
+        if status.description:
+            body.append(_ld(b"\x12", status.description.encode("utf-8")))
+        code = status.status_code.value
+        if code:
+            body.append(b"\x18" + _varint(code))
+        parts.append(_ld(b"\x7a", b"".join(body)))
+    parts.append(b"\x85\x01" + _flags(parent))
+    return b"".join(parts)
+
+
+_resource_cache: dict[int, tuple[Any, bytes]] = {}
+_scope_cache: dict[Any, bytes] = {}
+
+
+def _resource(resource: Any) -> bytes:
+    """``Resource`` message body (cached per resource object, kept alive by the cache)."""
+    hit = _resource_cache.get(id(resource))
+    if hit is not None and hit[0] is resource:
+        return hit[1]
+    encoded = b"".join(_attributes(b"\x0a", resource.attributes))
+    if len(_resource_cache) >= 64:
+        _resource_cache.clear()
+    _resource_cache[id(resource)] = (resource, encoded)
+    return encoded
+
+
+def _scope(scope: Any) -> bytes:
+    """``InstrumentationScope`` message body (cached per scope)."""
+    if scope is None:
+        return b""
+    encoded = _scope_cache.get(scope)
+    if encoded is None:
+        parts = []
+        if scope.name:
+            parts.append(_ld(b"\x0a", scope.name.encode("utf-8")))
+        if scope.version:
+            parts.append(_ld(b"\x12", scope.version.encode("utf-8")))
+        parts += _attributes(b"\x1a", scope.attributes)
+        encoded = b"".join(parts)
+        if len(_scope_cache) >= 256:
+            _scope_cache.clear()
+        _scope_cache[scope] = encoded
+    return encoded
+
+
+def group(encoded: Iterable[tuple[Any, Any]]) -> list[tuple[Any, dict[Any, list[Any]]]]:
+    """``(span, item)`` pairs grouped by resource then instrumentation scope, in order of
+    first appearance (as the SDK groups them): ``[(resource, {scope: [item, ...]})]``."""
+    # Group by resource identity first: an SDK Resource hashes by JSON-dumping its
+    # attributes (tens of µs). Equal but distinct resources are merged afterwards.
+    by_id: dict[int, tuple[Any, dict[Any, list[Any]]]] = {}
+    for span, item in encoded:
+        resource = span.resource
+        entry = by_id.get(id(resource))
+        if entry is None:
+            entry = by_id[id(resource)] = (resource, {})
+        scopes = entry[1]
+        scope = span.instrumentation_scope or None
+        items = scopes.get(scope)
+        if items is None:
+            items = scopes[scope] = []
+        items.append(item)
+    groups: list[tuple[Any, dict[Any, list[Any]]]] = []
+    for resource, scopes in by_id.values():
+        for known, known_scopes in groups:
+            if known == resource:
+                for scope, items in scopes.items():
+                    known_scopes.setdefault(scope, []).extend(items)
+                break
+        else:
+            groups.append((resource, scopes))
+    return groups
+
+
+def assemble(encoded: Iterable[tuple[Any, bytes]]) -> bytes:
+    """An ``ExportTraceServiceRequest`` of ``(span, encode_span(span))`` pairs, grouped by
+    resource then instrumentation scope in order of first appearance (as the SDK does)."""
+    out = []
+    for resource, scopes in group(encoded):
+        rs = [_ld(b"\x0a", _resource(resource))]
+        for scope, bodies in scopes.items():
+            ss = [_ld(b"\x0a", _scope(scope))]
+            ss += [_ld(b"\x12", body) for body in bodies]
+            schema = scope.schema_url if scope is not None else ""
+            if schema:
+                ss.append(_ld(b"\x1a", schema.encode("utf-8")))
+            rs.append(_ld(b"\x12", b"".join(ss)))
+        if resource.schema_url:
+            rs.append(_ld(b"\x1a", resource.schema_url.encode("utf-8")))
+        out.append(_ld(b"\x0a", b"".join(rs)))
+    return b"".join(out)
+
+
+def encode_request(spans: Sequence[Any]) -> bytes:
+    """The serialized ``ExportTraceServiceRequest`` of ``spans`` (see the module docstring)."""
+    return assemble((span, encode_span(span)) for span in spans)

@@ -1,0 +1,174 @@
+"""otelgpu's span encoder (``otelgpu.otel.span_encoding``) against the SDK's: the same
+request, byte for byte and decoded, for every kind of span otelgpu and users produce."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+import otelgpu
+from otelgpu.otel import span_encoding
+
+
+def _provider(resource: Resource | None = None) -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider(resource=resource or Resource.create({"service.name": "enc"}))
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    return tp, exporter
+
+
+def _varied_spans() -> list[Any]:
+    tp, exporter = _provider()
+    other, other_exporter = _provider(Resource.create({"service.name": "other", "n": 3}))
+    tracer = tp.get_tracer("lib.a", "1.2", schema_url="https://opentelemetry.io/schemas/1.21")
+    tracer_b = tp.get_tracer("lib.b")
+    remote = SpanContext(
+        0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+        trace_state=TraceState([("k", "v"), ("x", "y")]),
+    )  # fmt: skip
+    with tracer.start_as_current_span(
+        "root",
+        kind=SpanKind.SERVER,
+        context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+    ) as root:
+        root.set_attributes(
+            {
+                "s": "text é",
+                "b": True,
+                "f": False,
+                "i": -5,
+                "big": 2**62,
+                "zero": 0,
+                "d": 1.5,
+                "nan": float("nan"),
+                "ls": ["a", "b"],
+                "li": [1, 2, 3],
+                "lf": [0.5],
+                "lb": [True, False],
+                "empty": "",
+            }
+        )
+        root.add_event("ev", {"x": 1, "y": "z"}, timestamp=123)
+        root.add_event("bare")
+        root.set_status(Status(StatusCode.ERROR, "boom"))
+        with tracer_b.start_as_current_span(
+            "child", kind=SpanKind.CLIENT, links=[Link(remote, {"l": 1}), Link(remote)]
+        ) as child:
+            child.set_status(Status(StatusCode.OK))
+        with tracer.start_as_current_span("", kind=SpanKind.PRODUCER):
+            pass
+    with other.get_tracer("lib.c").start_as_current_span("elsewhere", kind=SpanKind.CONSUMER):
+        pass
+    spans = list(exporter.get_finished_spans()) + list(other_exporter.get_finished_spans())
+    # Interleave resources and scopes: the grouping must follow first appearance.
+    assert len(spans) == 4
+    return [spans[1], spans[3], spans[0], spans[2]]
+
+
+def _same(spans: list[Any]) -> None:
+    ours = span_encoding.encode_request(spans)
+    sdk = encode_spans(spans)
+    assert ExportTraceServiceRequest.FromString(ours) == sdk
+    assert ours == sdk.SerializeToString()
+
+
+def test_pipeline_encoder_matches_sdk_on_varied_spans() -> None:
+    _same(_varied_spans())
+
+
+def test_pipeline_encoder_matches_sdk_twice_with_caches_warm() -> None:
+    spans = _varied_spans()
+    _same(spans)
+    _same(spans[::-1])
+
+
+def test_pipeline_encoder_skips_what_the_sdk_skips() -> None:
+    tp, exporter = _provider()
+    with tp.get_tracer("t").start_as_current_span("s") as span:
+        span.set_attribute("ok", 1)
+        span.set_attribute("huge", 2**70)  # beyond int64: the SDK drops it (logged)
+    _same(list(exporter.get_finished_spans()))
+
+
+@pytest.mark.usefixtures("reset_otel_globals")
+def test_pipeline_encoder_matches_sdk_on_otelgpu_spans(sim_gpu: Any) -> None:
+    handle = otelgpu.instrument(exporters="none", frameworks="none")
+    runtime = handle.runtime
+    assert runtime is not None and runtime.pipeline is not None
+    exporter = InMemorySpanExporter()
+    runtime.pipeline.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[attr-defined]
+    time.sleep(0.3)
+    for i in range(5):
+        with otelgpu.step(samples=8, tokens=100, attributes={"run": "r"}):
+            pass
+        with otelgpu.request(model="m", attributes={"tenant": f"t{i}"}) as r:
+            r.first_token()
+            r.tokens(4)
+    try:
+        with otelgpu.request(model="m"):
+            raise RuntimeError("failed request")
+    except RuntimeError:
+        pass
+    spans = list(exporter.get_finished_spans())
+    assert len(spans) == 11
+    _same(spans)
+    _same_json(spans)
+    handle.shutdown()
+
+
+def _same_json(spans: list[Any]) -> None:
+    import json
+
+    from otelgpu.otel import span_json
+    from otelgpu.otel.recording import to_json_line
+
+    ours = span_json.request_line([(s, span_json.span_dict(s)) for s in spans])
+    assert json.loads(ours) == json.loads(to_json_line(encode_spans(spans)))
+
+
+def test_pipeline_recording_json_matches_protobuf_json() -> None:
+    spans = _varied_spans()
+    _same_json(spans)
+    _same_json(spans[::-1])
+
+
+@pytest.mark.usefixtures("reset_otel_globals")
+def test_pipeline_recording_metrics_line_built_in_slices(sim_gpu: Any) -> None:
+    """The sliced metrics line (GIL handed back between slices) is the same OTLP/JSON as
+    the protobuf printer's one-piece line, for a real collection over the simulated GPUs."""
+    import json
+
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otelgpu.otel.exporters import append_metrics
+    from otelgpu.otel.recording import metrics_json_line, to_json_line
+
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    handle = otelgpu.instrument(meter_provider=mp, exporters="none", frameworks="none")
+    runtime = handle.runtime
+    assert runtime is not None
+    time.sleep(0.3)
+    for _ in range(20):
+        with otelgpu.step(samples=2):
+            pass
+        with otelgpu.request(model="m") as r:
+            r.first_token()
+    data = append_metrics(reader.get_metrics_data(), runtime.sketches.metrics())
+    assert sum(len(sm.metrics) for rm in data.resource_metrics for sm in rm.scope_metrics) > 10
+    assert json.loads(metrics_json_line(data)) == json.loads(to_json_line(encode_metrics(data)))
+    handle.shutdown()
+    mp.shutdown()

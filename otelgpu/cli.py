@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from otelgpu.version import __version__
 
 #: Sub-command modules, in help order.
-COMMANDS = ("demo", "run", "top", "sim", "doctor", "report")
+COMMANDS = ("demo", "run", "top", "sim", "doctor", "report", "baseline", "dashboards")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Install what the real-backend tests (tests/backends/, marker `backend`) need on a fresh
-# Debian 12 (bookworm) machine: Prometheus 2.42 and promtool (Debian package `prometheus`).
+# Debian 12 (bookworm) machine: Prometheus 2.42 and promtool (Debian package `prometheus`),
+# Alertmanager 0.25 (`prometheus-alertmanager`, for tests/baseline/).
 #
 #   sudo tests/backends/install.sh      # or as root in CI
 #
@@ -9,7 +10,8 @@
 # images (no systemd), and the tests start their own Prometheus on a free 127.0.0.1 port.
 set -eu
 
-if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
+    && command -v prometheus-alertmanager >/dev/null 2>&1; then
     exit 0
 fi
 
@@ -26,10 +28,11 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
 
-command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || {
-    echo "tests/backends/install.sh: prometheus/promtool still missing after apt-get install" >&2
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
+    && command -v prometheus-alertmanager >/dev/null 2>&1 || {
+    echo "tests/backends/install.sh: prometheus/promtool/prometheus-alertmanager still missing after apt-get install" >&2
     exit 1
 }
 echo "tests/backends/install.sh: $(prometheus --version 2>&1 | head -n 1)"

@@ -31,7 +31,13 @@ from backends_support import (  # noqa: E402
     _wait_ready,
     free_port,
     require_binaries,
+    wait_until,
 )
+
+__all__ = [
+    "EXPECTED_ALERTS", "LiveTarget", "PrometheusServer", "backfill", "free_port",
+    "openmetrics_history", "require_binaries", "start_store", "wait_until",
+]
 
 from otelgpu.baseline.names import metric_name as n  # noqa: E402
 
@@ -58,6 +64,11 @@ EXPECTED_ALERTS = {"OtelgpuBaselineLatencyRegression", "OtelgpuBaselineThrottlin
                    "OtelgpuGpuXidCritical"}
 
 
+# The pull endpoint serves each sketch's p50, p95 and p99 (setting `quantiles`).
+_QUANTILES_95 = {"0.5": 0.85, "0.95": 1.0, "0.99": 1.1}
+_QUANTILES_99 = {"0.5": 0.5, "0.95": 0.8, "0.99": 1.0}
+
+
 def _gpu(job: str) -> dict[str, str]:
     return {"hw_id": f"GPU-{job}", "hw_name": GPU_MODEL, "hw_vendor": "NVIDIA", "hw_type": "gpu"}
 
@@ -69,15 +80,18 @@ def samples(job: str, t: float, v: dict[str, float], xid: bool = False) -> Itera
     (counters grow at the rates in ``v``)."""
     g = _gpu(job)
     if job == "train":
-        yield n("otelgpu.train.step.duration"), {"quantile": "0.95"}, v["step_p95"]
+        for q, f in _QUANTILES_95.items():
+            yield n("otelgpu.train.step.duration"), {"quantile": q}, v["step_p95"] * f
         yield n("otelgpu.train.data.wait.ratio"), {}, v["data_wait"]
         yield n("otelgpu.train.comm.wait.ratio"), {}, v["comm_wait"]
-        yield n("otelgpu.train.checkpoint.duration"), {"quantile": "0.95"}, v["ckpt_p95"]
+        for q, f in _QUANTILES_95.items():
+            yield n("otelgpu.train.checkpoint.duration"), {"quantile": q}, v["ckpt_p95"] * f
         yield n("otelgpu.train.steps"), {}, t / v["step_p95"]
     else:
         m = {"gen_ai_request_model": MODEL}
-        yield n("gen_ai.server.request.duration"), {**m, "quantile": "0.99"}, v["req_p99"]
-        yield n("gen_ai.server.time_to_first_token"), {**m, "quantile": "0.99"}, v["ttft_p99"]
+        for q, f in _QUANTILES_99.items():
+            yield n("gen_ai.server.request.duration"), {**m, "quantile": q}, v["req_p99"] * f
+            yield n("gen_ai.server.time_to_first_token"), {**m, "quantile": q}, v["ttft_p99"] * f
         ok, err = v["req_rate"] * (1 - v["err_share"]), v["req_rate"] * v["err_share"]
         yield n("otelgpu.inference.requests"), {**m, "otelgpu_request_outcome": "ok"}, ok * t
         yield n("otelgpu.inference.requests"), {**m, "otelgpu_request_outcome": "error"}, err * t

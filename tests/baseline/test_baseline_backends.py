@@ -1,0 +1,361 @@
+"""The operating loop against real servers: Prometheus (TSDB backfill of a healthy day),
+promtool, Alertmanager with a webhook receiver in the test.
+
+healthy history -> ``otelgpu baseline learn`` -> ``baseline rules`` (promtool check + the
+generated unit tests) -> a live run: healthy delivers no alert; with an injected latency
+regression, thermal throttling and an XID 79 Alertmanager delivers exactly the expected
+alerts. Every dashboard panel's query then runs against that store. Refusals: an empty
+store, one hour of history, a store without otelgpu's metrics, an unreachable store.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from baseline_support import (
+    EXPECTED_ALERTS,
+    LiveTarget,
+    backfill,
+    free_port,
+    require_binaries,
+    start_store,
+    wait_until,
+)
+
+from otelgpu.baseline import dashboards
+from otelgpu.baseline.figures import FIGURES
+from otelgpu.baseline.model import load
+from otelgpu.baseline.names import metric_name, spec
+
+pytestmark = pytest.mark.backend
+
+DAY = 86400.0
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "otelgpu", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, float]]:
+    """A Prometheus holding one healthy day of the simulated fleet (1-minute samples)."""
+    directory = tmp_path_factory.mktemp("history")
+    end = time.time() - 120
+    data = backfill(directory, end, DAY)
+    store = start_store(directory, {"global": {"scrape_interval": "15s"}}, data)
+    yield store, end
+    store.stop()
+
+
+@pytest.fixture(scope="module")
+def learned(history: tuple[Any, float], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store, end = history
+    out = tmp_path_factory.mktemp("learned")
+    result = cli("baseline", "learn", "--url", store.url, "--window", "1d", "--end", str(end),
+                 "--header", "X-Scope-OrgID=fleet", "--out", str(out / "baseline.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out / "baseline.json"
+
+
+def test_baseline_learn_every_figure_per_key(learned: Path) -> None:
+    baseline = load(learned)
+    got = {(e.figure, tuple(sorted((k, v) for k, v in e.labels.items()))) for e in baseline.entries}
+    train, serve = (("job", "train"),), (("gen_ai_request_model", "llama-3-8b"), ("job", "serve"))
+    gpu = (("hw_name", "NVIDIA H100 80GB HBM3"),)
+    expected = {
+        (f.id, {"training": train, "inference": serve, "health": gpu}[f.family])
+        for f in FIGURES
+    }
+    # queue and KV cache are per job only (vLLM's engine gauges carry no model label)
+    expected = {
+        (fid, (("job", "serve"),) if fid in ("inference_queue", "inference_kv_cache") else key)
+        for fid, key in expected
+    }
+    assert got == expected
+    step = baseline.entry("train_step_p95", {"job": "train"})
+    assert step is not None and 0.11 < step.median < 0.13  # the history's 120 ms p95
+    assert step.threshold == pytest.approx(step.p99 * 1.25)
+    assert step.samples >= 1400 and step.coverage > 0.95
+    assert baseline.version == 1 and baseline.source["kind"] == "prometheus"
+
+
+def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_path: Path) -> None:
+    promtool = require_binaries("promtool")["promtool"]
+    rules, tests = tmp_path / "rules.yml", tmp_path / "rules.test.yml"
+    result = cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
+    assert result.returncode == 0, result.stderr
+    entries = len(load(learned).entries)
+    check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert check.returncode == 0 and "FAILED" not in check.stdout + check.stderr, check.stderr
+    assert f"SUCCESS: {entries + 4} rules found" in check.stdout
+    unit = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert unit.returncode == 0, unit.stdout[-4000:]
+    import yaml
+
+    doc = yaml.safe_load(tests.read_text())
+    names = [t["name"] for t in doc["tests"]]
+    # every alert: one firing case and one quiet case
+    assert len(names) == 2 * (entries + 4)
+    alerts = {t["alert_rule_test"][0]["alertname"] for t in doc["tests"]}
+    for alert in alerts:
+        assert any(n.startswith(f"{alert} fires") for n in names)
+        assert any(n.startswith(f"{alert} quiet") for n in names)
+    text = rules.read_text()
+    assert "p99 of history" in text and "runbook" in text  # figure and margin quoted
+
+
+def test_baseline_rules_unit_tests_catch_a_loosened_threshold(learned: Path, tmp_path: Path) -> None:
+    promtool = require_binaries("promtool")["promtool"]
+    rules, tests = tmp_path / "rules.yml", tmp_path / "rules.test.yml"
+    cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
+    step = load(learned).entry("train_step_p95")
+    assert step is not None
+    import yaml
+
+    doc = yaml.safe_load(rules.read_text())
+    (rule,) = [r for g in doc["groups"] for r in g["rules"]
+               if r["alert"] == "OtelgpuBaselineStepTimeRegression"]
+    old = f"> {step.threshold:.6g}"
+    assert rule["expr"].endswith(old)
+    rule["expr"] = rule["expr"].replace(old, f"> {step.threshold * 10:.6g}")
+    rules.write_text(yaml.safe_dump(doc))
+    unit = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert unit.returncode == 1
+    assert "OtelgpuBaselineStepTimeRegression fires" in unit.stdout + unit.stderr
+
+
+# ------------------------------------------------------------------------ refusals
+def test_baseline_refuses_an_empty_store(tmp_path: Path) -> None:
+    store = start_store(tmp_path, {"global": {"scrape_interval": "15s"}})
+    try:
+        result = cli("baseline", "learn", "--url", store.url, "--out", str(tmp_path / "b.json"))
+    finally:
+        store.stop()
+    assert result.returncode == 3
+    assert "no otelgpu metrics in" in result.stderr
+    assert metric_name("otelgpu.train.step.duration") in result.stderr  # what it looked for
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_baseline_refuses_one_hour_of_history(tmp_path: Path) -> None:
+    end = time.time() - 60
+    data = backfill(tmp_path, end, 3600)
+    store = start_store(tmp_path, {"global": {"scrape_interval": "15s"}}, data)
+    try:
+        result = cli("baseline", "learn", "--url", store.url, "--end", str(end),
+                     "--out", str(tmp_path / "b.json"))
+    finally:
+        store.stop()
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "too little history" in result.stderr
+    assert 'train_step_p95 {job="train"}' in result.stderr
+    assert "of the 7d window (needs >= 80% coverage" in result.stderr
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_baseline_refuses_a_store_without_the_metrics(tmp_path: Path) -> None:
+    # A Prometheus scraping itself: plenty of data, none of it otelgpu's.
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "self", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+    }
+    store = start_store(tmp_path, config, extra=())
+    try:
+        # the self-scrape points at a free port chosen above; point it at the store itself
+        config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{store.port}"]  # type: ignore[index]
+        (tmp_path / "prometheus.yml").write_text(json.dumps(config))
+        subprocess.run(["kill", "-HUP", str(store.process.pid)], check=True)
+        assert wait_until(lambda: store.query("up == 1"), 15)
+        result = cli("baseline", "learn", "--url", store.url, "--window", "1h",
+                     "--out", str(tmp_path / "b.json"))
+    finally:
+        store.stop()
+    assert result.returncode == 3
+    assert "no otelgpu metrics in" in result.stderr
+
+
+def test_baseline_unreachable_store_exit_code(tmp_path: Path) -> None:
+    result = cli("baseline", "learn", "--url", f"http://127.0.0.1:{free_port()}",
+                 "--out", str(tmp_path / "b.json"))
+    assert result.returncode == 4
+    assert "the store did not answer" in result.stderr
+
+
+# ------------------------------------------------------------------ end to end (alerts)
+class Webhook:
+    """Alertmanager's webhook receiver: records every delivered (status, alertname)."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[str, str, dict[str, str]]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                for alert in body["alerts"]:
+                    hook.deliveries.append(
+                        (alert["status"], alert["labels"]["alertname"], alert["labels"])
+                    )
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def firing(self) -> set[str]:
+        return {name for status, name, _ in self.deliveries if status == "firing"}
+
+
+def _start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.Popen[bytes], int]:
+    binary = require_binaries("prometheus-alertmanager")["prometheus-alertmanager"]
+    config = {
+        "route": {"receiver": "hook", "group_by": ["alertname"], "group_wait": "1s",
+                  "group_interval": "1s", "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [
+            {"url": f"http://127.0.0.1:{webhook.port}/", "send_resolved": False}]}],
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "am.yml").write_text(json.dumps(config))
+    port = free_port()
+    log = open(directory / "am.log", "wb")  # noqa: SIM115 (kept open for the process)
+    process = subprocess.Popen(
+        [binary, f"--config.file={directory / 'am.yml'}", f"--storage.path={directory / 'am'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+
+    def ready() -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    assert wait_until(ready, 15), (directory / "am.log").read_text()
+    return process, port
+
+
+@pytest.fixture(scope="module")
+def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Rules from the learned baseline in a Prometheus scraping a live fleet, with
+    Alertmanager delivering to a webhook: healthy first, then with the injected faults."""
+    directory = tmp_path_factory.mktemp("live")
+    rules = directory / "rules.yml"
+    result = cli("baseline", "rules", str(learned), "--out", str(rules), "--for", "3s")
+    assert result.returncode == 0, result.stderr
+    webhook = Webhook()
+    target = LiveTarget()
+    am, am_port = _start_alertmanager(directory / "am", webhook)
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+        "scrape_configs": [
+            {"job_name": job, "metrics_path": f"/{job}",
+             "static_configs": [{"targets": [f"127.0.0.1:{target.port}"]}]}
+            for job in ("train", "serve")
+        ],
+    }
+    store = start_store(directory / "prom", config)
+    state: dict[str, Any] = {"store": store, "webhook": webhook}
+    try:
+        # Healthy: every rule evaluated for well beyond its 3 s for:, nothing delivered.
+        assert wait_until(lambda: len(store.query("up == 1")) == 2, 15)
+        time.sleep(12)
+        state["healthy_firing"] = webhook.firing()
+        state["healthy_pending"] = store.api("alerts")["alerts"]
+        target.faulty = True
+        wait_until(lambda: webhook.firing() >= EXPECTED_ALERTS, 45)
+        time.sleep(5)  # anything else that would fire has had time to
+        state["faulty_firing"] = webhook.firing()
+        state["deliveries"] = list(webhook.deliveries)
+        yield state
+    finally:
+        store.stop()
+        am.terminate()
+        am.wait(10)
+        target.close()
+        webhook.server.shutdown()
+
+
+def test_baseline_healthy_run_delivers_no_alert(live_run: dict[str, Any]) -> None:
+    assert live_run["healthy_firing"] == set()
+    assert live_run["healthy_pending"] == []
+
+
+def test_baseline_faulty_run_delivers_exactly_the_expected_alerts(live_run: dict[str, Any]) -> None:
+    assert live_run["faulty_firing"] == EXPECTED_ALERTS, live_run["deliveries"]
+    labels = {name: lab for status, name, lab in live_run["deliveries"] if status == "firing"}
+    assert labels["OtelgpuBaselineLatencyRegression"]["job"] == "serve"
+    assert labels["OtelgpuBaselineThrottling"]["hw_name"] == "NVIDIA H100 80GB HBM3"
+    assert labels["OtelgpuGpuXidCritical"]["otelgpu_gpu_xid_code"] == "79"
+
+
+# ------------------------------------------------------------------------ dashboards
+def _unit_of(panel: dashboards.PanelSpec) -> str:
+    return panel.unit
+
+
+def test_baseline_every_dashboard_panel_returns_data(live_run: dict[str, Any]) -> None:
+    store = live_run["store"]
+    built = dashboards.build("pull")
+    by_title = {p.title: p for p in dashboards.PANELS}
+    counts: dict[str, int] = {}
+    for file_name, doc in built.items():
+        assert doc["panels"], file_name
+        for panel in doc["panels"]:
+            (target,) = panel["targets"]
+            result = store.query(target["expr"])
+            counts[f"{file_name}: {panel['title']}"] = len(result)
+            assert result, f"{file_name}: {panel['title']}: no data for {target['expr']}"
+            spec_ = by_title[panel["title"]]
+            assert panel["fieldConfig"]["defaults"]["unit"] == _unit_of(spec_)
+            if spec_.view in ("value",) or spec_.view.startswith("q"):
+                assert panel["fieldConfig"]["defaults"]["unit"] == dashboards.grafana_unit(
+                    spec(spec_.metric).unit
+                )
+    print("\n".join(f"{k}: {v} series" for k, v in sorted(counts.items())))
+    assert len(counts) == sum(len(d["panels"]) for d in built.values())
+
+
+def test_baseline_overview_is_training_left_inference_right_health_below() -> None:
+    doc = dashboards.build("pull")["otelgpu-overview-pull.json"]
+    by_title = {p.title: p for p in dashboards.PANELS}
+    health_top = min(p["gridPos"]["y"] for p in doc["panels"]
+                     if by_title[p["title"]].section == "health")
+    for p in doc["panels"]:
+        section, pos = by_title[p["title"]].section, p["gridPos"]
+        if section == "training":
+            assert pos["x"] == 0 and pos["w"] == 12 and pos["y"] < health_top
+        elif section == "inference":
+            assert pos["x"] == 12 and pos["w"] == 12 and pos["y"] < health_top
+
+
+def test_baseline_shipped_dashboards_are_current(tmp_path: Path) -> None:
+    written = dashboards.write(tmp_path)
+    assert len(written) == 6
+    for path in written:
+        shipped = dashboards.SHIPPED / path.name
+        assert shipped.read_text() == path.read_text(), f"regenerate {shipped} (otelgpu dashboards --out)"

@@ -169,7 +169,7 @@ OTELGPU_NVML_LIBRARY = "OTELGPU_NVML_LIBRARY"
 the simulator sets it to its own library)."""
 
 # --- diagnosis (otelgpu.diagnosis; torch keywords: diagnosis, exchange_every,
-# straggler_threshold, verdict_log)
+# straggler_threshold, verdict_log, baseline)
 
 OTELGPU_DIAGNOSIS = "OTELGPU_DIAGNOSIS"
 """``true``/``false`` (default ``true``): step phases (forward/backward hooks on the
@@ -192,6 +192,13 @@ OTELGPU_DIAGNOSIS_VERDICT = "OTELGPU_DIAGNOSIS_VERDICT"
 """``true``/``false`` (default ``true``): log the end-of-run verdict (``otelgpu.diagnosis``
 logger, INFO) at shutdown. The verdict span is written to the recording either way.
 Keyword: ``verdict_log``."""
+
+OTELGPU_BASELINE = "OTELGPU_BASELINE"
+"""Path of a baseline file (``otelgpu baseline learn --recording ...``; format in
+``docs/baseline.md``). When set, the step-time drift detector compares each window with
+the file's recorded step-time distribution instead of the run's own start. A file that
+cannot be read or holds no step-time distribution fails ``instrument()``. Keyword:
+``baseline``."""
 
 # --- export path (otelgpu.otel)
 

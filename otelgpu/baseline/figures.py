@@ -46,9 +46,11 @@ class Figure:
             t = reference * (1.0 - self.margin) if self.relative else reference - self.margin
         return min(t, self.cap) if self.cap is not None else t
 
-    def query(self, matchers: str = "") -> str:
-        """The expression with ``matchers`` (``job="x",hw_name="y"``) on every selector."""
-        text = self.expr.replace("{$M}", "{" + matchers + "}")
+    def query(self, matchers: str = "", rate_window: str = "5m") -> str:
+        """The expression with ``matchers`` (``job="x",hw_name="y"``) on every selector,
+        and ``rate_window`` as the range of its rates."""
+        text = self.expr.replace("[5m]", f"[{rate_window}]")
+        text = text.replace("{$M}", "{" + matchers + "}")
         text = text.replace("$M", "," + matchers if matchers else "")
         return text.replace("{}", "")
 

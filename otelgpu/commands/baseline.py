@@ -65,6 +65,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rules.add_argument("--tests", metavar="FILE", help="also write promtool unit tests")
     rules.add_argument("--for", dest="for_override", metavar="DURATION",
                        help="use this for: on every rule (short-lived test setups)")
+    rules.add_argument("--rate-window", default="5m", metavar="DURATION",
+                       help="range of the rules' rate() (default 5m; shorter for test setups)")
     rules.set_defaults(func=run_rules)
     tighten = sub.add_parser("tighten", help="propose tighter thresholds from newer history")
     tighten.add_argument("baseline")
@@ -152,7 +154,7 @@ def run_rules(args: argparse.Namespace) -> int:
 
         baseline = load(args.baseline)
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write(rules_yaml(baseline, args.for_override))
+            f.write(rules_yaml(baseline, args.for_override, args.rate_window))
         count = sum(len(g["rules"]) for g in rules_document(baseline)["groups"])
         print(f"otelgpu baseline: {count} rules -> {args.out}")
         if args.tests:

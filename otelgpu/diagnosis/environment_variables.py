@@ -9,6 +9,7 @@ table of variables); re-exported here. Keyword arguments of
 from __future__ import annotations
 
 from otelgpu.environment_variables import (
+    OTELGPU_BASELINE,
     OTELGPU_DIAGNOSIS,
     OTELGPU_DIAGNOSIS_EXCHANGE_EVERY,
     OTELGPU_DIAGNOSIS_STRAGGLER_THRESHOLD,
@@ -16,6 +17,7 @@ from otelgpu.environment_variables import (
 )
 
 __all__ = [
+    "OTELGPU_BASELINE",
     "OTELGPU_DIAGNOSIS",
     "OTELGPU_DIAGNOSIS_EXCHANGE_EVERY",
     "OTELGPU_DIAGNOSIS_STRAGGLER_THRESHOLD",

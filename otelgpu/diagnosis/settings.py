@@ -30,6 +30,7 @@ class DiagnosisSettings:
     exchange_every: int = DEFAULT_EXCHANGE_EVERY
     straggler_threshold: float = 0.10
     verdict_log: bool = True
+    baseline: str | None = None  # baseline file for the drift detectors (validated)
 
 
 def _raw(kwargs: Mapping[str, Any], env: Mapping[str, str], key: str, var: str) -> tuple[Any, str]:
@@ -83,4 +84,16 @@ def resolve(
                 raise ValueError(value)
         except (TypeError, ValueError):
             raise ConfigurationError(where, value, "a number > 0 (e.g. 0.1)") from None
-    return DiagnosisSettings(enabled, every, threshold, verdict_log)
+    value, where = _raw(kwargs, env, "baseline", ev.OTELGPU_BASELINE)
+    baseline = None
+    if value is not None:
+        from otelgpu.baseline.drift import FileBaseline
+
+        try:
+            baseline = FileBaseline(os.fspath(value)).path
+        except (ValueError, TypeError):
+            raise ConfigurationError(
+                where, value, "a baseline file with a step-time distribution "
+                "(otelgpu baseline learn --recording FILE... --out FILE)"
+            ) from None
+    return DiagnosisSettings(enabled, every, threshold, verdict_log, baseline)

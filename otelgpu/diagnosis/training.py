@@ -90,6 +90,16 @@ class _Window:
         return float(statistics.median(values)) / 1e9 if values else 0.0
 
 
+def _file_baseline(path: str | None) -> Any:
+    """The baseline file's step-time distribution (``OTELGPU_BASELINE``), or None: the
+    run's own start (validated at ``resolve()``, so a failure here is not expected)."""
+    if path is None:
+        return None
+    from otelgpu.baseline.drift import FileBaseline
+
+    return FileBaseline(path)
+
+
 class TrainingDiagnosis:
     """Diagnosis of one instrumented training process (see the module docstring).
 
@@ -114,7 +124,7 @@ class TrainingDiagnosis:
         self.settings = settings
         self.phase_source = phases
         self.summary = RunSummary()
-        self.drift = StepDrift()
+        self.drift = StepDrift(baseline=_file_baseline(settings.baseline))
         self.dips = UtilizationDips()
         self.creep = MemoryCreep()
         self.stragglers = StragglerDetector(threshold=settings.straggler_threshold)

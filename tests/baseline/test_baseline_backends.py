@@ -263,7 +263,8 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     Alertmanager delivering to a webhook: healthy first, then with the injected faults."""
     directory = tmp_path_factory.mktemp("live")
     rules = directory / "rules.yml"
-    result = cli("baseline", "rules", str(learned), "--out", str(rules), "--for", "3s")
+    result = cli("baseline", "rules", str(learned), "--out", str(rules), "--for", "3s",
+                 "--rate-window", "20s")
     assert result.returncode == 0, result.stderr
     webhook = Webhook()
     target = LiveTarget()
@@ -283,7 +284,7 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         # Healthy: every rule evaluated for well beyond its 3 s for:, nothing delivered.
         assert wait_until(lambda: len(store.query("up == 1")) == 2, 15)
-        time.sleep(12)
+        time.sleep(10)
         state["healthy_firing"] = webhook.firing()
         state["healthy_pending"] = store.api("alerts")["alerts"]
         target.faulty = True

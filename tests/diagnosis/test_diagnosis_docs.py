@@ -30,6 +30,6 @@ def test_diagnosis_docs_name_every_attribute_event_and_setting() -> None:
     for name in (N.VERDICT_SPAN, N.VERDICT_JSON, N.VERDICT_BOTTLENECK, N.SPAN_PHASE_PREFIX):
         assert name in DOC
     variables = [v for k, v in vars(ev).items() if k.startswith("OTELGPU_")]
-    assert len(variables) == 4
+    assert len(variables) == 5  # four diagnosis settings + OTELGPU_BASELINE
     for variable in variables:
         assert f"`{variable}`" in DOC

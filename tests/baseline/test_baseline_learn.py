@@ -1,0 +1,198 @@
+"""Learning from recordings (exact histogram merge), refusals, the baseline file, tighten's
+arithmetic, names from the catalog, and the baseline file as the drift detectors' baseline.
+
+The recording is a real one: ``tests/report/make_run.py`` (real runtime, simulated GPUs,
+recording exporter; 1000 steps of ~20 ms lognormal, 1000 requests).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures.otel import python_env
+
+from otelgpu.baseline import names
+from otelgpu.baseline.drift import FileBaseline
+from otelgpu.baseline.figures import FIGURES, figure
+from otelgpu.baseline.learn import Requirements, entry_from_values
+from otelgpu.baseline.model import BaselineFile, load
+from otelgpu.baseline.tighten import propose, render
+from otelgpu.diagnosis.drift import StepDrift
+from otelgpu.diagnosis.settings import resolve
+from otelgpu.errors import ConfigurationError
+from otelgpu.report.model import load as load_run
+
+MAKE_RUN = Path(__file__).resolve().parents[1] / "report" / "make_run.py"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "otelgpu", *args], env=python_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    proc = subprocess.run([sys.executable, str(MAKE_RUN), str(out), "--seed", "1"],
+                          env=python_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = out.glob("*.otlp.jsonl")
+    return path
+
+
+@pytest.fixture(scope="module")
+def learned(recording: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("learned") / "baseline.json"
+    result = cli("baseline", "learn", "--recording", str(recording), "--window", "2m",
+                 "--min-coverage", "0.5", "--min-samples", "5", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_baseline_learn_from_recording_merges_the_histograms_exactly(
+    recording: Path, learned: Path
+) -> None:
+    baseline = load(learned)
+    run = load_run([str(recording)])
+    merged = run.merged_sketch("otelgpu.train.step.duration")
+    step = baseline.entry("train_step_p95")
+    assert step is not None and step.samples == merged.count == 1000
+    assert step.median == merged.quantile(0.95)  # the exact merged sketch's p95
+    # the stored distribution is that same sketch, bucket for bucket
+    stored = baseline.sketch("train_step_p95")
+    assert stored.to_bytes() == merged.to_bytes()
+    assert step.labels == {"job": "make-run"}
+    ttft = baseline.entry("inference_ttft_p99")
+    assert ttft is not None
+    assert ttft.median == run.merged_sketch("gen_ai.server.time_to_first_token").quantile(0.99)
+    assert baseline.source["kind"] == "recordings" and baseline.version == 1
+
+
+def test_baseline_learn_refuses_a_recording_shorter_than_the_window(
+    recording: Path, tmp_path: Path
+) -> None:
+    result = cli("baseline", "learn", "--recording", str(recording), "--out",
+                 str(tmp_path / "b.json"))  # default window: 7 days
+    assert result.returncode == 3
+    assert "train_step_p95" in result.stderr and "of the 7d window" in result.stderr
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_baseline_learn_refuses_an_empty_recording(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.otlp.jsonl"
+    empty.write_text("")
+    result = cli("baseline", "learn", "--recording", str(empty), "--window", "1m",
+                 "--out", str(tmp_path / "b.json"))
+    assert result.returncode == 3
+    assert "no otelgpu metrics in the recordings" in result.stderr
+
+
+def test_baseline_file_round_trip_and_version_check(learned: Path, tmp_path: Path) -> None:
+    baseline = load(learned)
+    copy = tmp_path / "copy.json"
+    baseline.save(copy)
+    assert json.loads(copy.read_text()) == json.loads(learned.read_text())
+    doc = json.loads(learned.read_text())
+    doc["version"] = 99
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="version 99"):
+        load(newer)
+    with pytest.raises(ValueError, match="not an otelgpu baseline"):
+        (tmp_path / "x.json").write_text("{}")
+        load(tmp_path / "x.json")
+
+
+def test_baseline_thresholds_follow_the_documented_margins() -> None:
+    rng = random.Random(3)
+    values = [rng.gauss(0.1, 0.005) for _ in range(1000)]
+    ordered = sorted(values)
+    up = entry_from_values(figure("train_step_p95"), {"job": "j"}, values, 1.0)
+    assert up.p99 == pytest.approx(ordered[989] + (ordered[990] - ordered[989]) * 0.01)
+    assert up.threshold == pytest.approx(up.p99 * 1.25)
+    down = entry_from_values(figure("train_gpu_utilization"), {"job": "j"}, values, 1.0)
+    assert down.reference == down.p1 and down.threshold == pytest.approx(down.p1 * 0.75)
+    share = entry_from_values(figure("train_data_wait_share"), {"job": "j"}, values, 1.0)
+    assert share.threshold == pytest.approx(share.p99 + 0.10)
+    kv = entry_from_values(figure("inference_kv_cache"), {"job": "j"}, [0.97] * 10, 1.0)
+    assert kv.threshold == 0.98  # capped
+
+
+def test_baseline_tighten_reports_the_extra_alert_rate() -> None:
+    fig = figure("train_step_p95")
+    history = [0.1] * 90 + [0.14] * 10  # 10 % of the newer history at 140 ms
+    old = BaselineFile({"kind": "prometheus"}, {}, [
+        entry_from_values(fig, {"job": "j"}, [0.2] * 200, 1.0)])  # threshold 250 ms
+    newer = BaselineFile({"kind": "prometheus"}, {}, [
+        entry_from_values(fig, {"job": "j"}, [0.1] * 200, 1.0)])  # threshold 125 ms
+    values = {("train_step_p95", "job=j"): [(float(i), v) for i, v in enumerate(history)]}
+    proposal = propose(old, newer, values)
+    (change,) = proposal.changes
+    assert change.old == pytest.approx(0.25) and change.new == pytest.approx(0.125)
+    assert change.old_rate == 0.0 and change.new_rate == pytest.approx(0.10)
+    text = render(proposal)
+    assert "0.25 -> 0.125 s" in text and "+10.00% expected extra alert time" in text
+    assert proposal.baseline.entries[0].threshold == pytest.approx(0.125)
+    # a looser newer history is not proposed
+    assert not propose(newer, old, values).changes
+
+
+def test_baseline_names_come_from_the_catalog() -> None:
+    assert names.metric_name("otelgpu.train.step.duration") == (
+        "otelgpu_train_step_duration_quantile_seconds"
+    )
+    assert names.metric_name("otelgpu.train.step.duration", "otlp") == (
+        "otelgpu_train_step_duration_seconds_bucket"
+    )
+    assert names.metric_name("otelgpu.gpu.xid") == "otelgpu_gpu_xid_total"
+    assert names.metric_name("hw.gpu.utilization", "otlp") == "hw_gpu_utilization_ratio"
+    for f in FIGURES:
+        for m in f.metrics:
+            assert names.metric_name(m) in f.expr, (f.id, m)
+    with pytest.raises(KeyError):
+        names.spec("otelgpu.no.such.metric")
+
+
+# --------------------------------------------------------------- drift against the file
+def test_baseline_file_drives_the_step_drift_detector(learned: Path) -> None:
+    base = FileBaseline(learned)
+    rng = random.Random(5)
+    healthy = StepDrift(baseline=base, window=200)
+    slow = StepDrift(baseline=base, window=200)
+    healthy_findings = [healthy.add(rng.lognormvariate(-3.9, 0.25)) for _ in range(600)]
+    slow_findings = [slow.add(rng.lognormvariate(-3.9, 0.25) * 1.4) for _ in range(200)]
+    assert not any(healthy_findings)
+    # The first window already compares with the file: no warm-up, no run-start baseline.
+    (finding,) = [f for f in slow_findings if f]
+    assert "slower than the baseline" in finding.message
+    # a run-start baseline could not have flagged a run slow from its first step
+    own = StepDrift(window=200)
+    assert not any(own.add(rng.lognormvariate(-3.9, 0.25) * 1.4) for _ in range(600))
+
+
+def test_baseline_setting_resolves_and_fails_fast(learned: Path, tmp_path: Path) -> None:
+    settings = resolve({}, {"OTELGPU_BASELINE": str(learned)})
+    assert settings.baseline == str(learned)
+    assert resolve({"baseline": learned}, {}).baseline == str(learned)
+    from otelgpu.diagnosis.training import TrainingDiagnosis
+
+    diagnosis = TrainingDiagnosis(lambda: None, settings)
+    assert isinstance(diagnosis.drift.baseline, FileBaseline)
+    assert not isinstance(TrainingDiagnosis(lambda: None, resolve({}, {})).drift.baseline,
+                          FileBaseline)
+    with pytest.raises(ConfigurationError, match="OTELGPU_BASELINE"):
+        resolve({}, {"OTELGPU_BASELINE": str(tmp_path / "missing.json")})
+    store_only = load(learned)
+    store_only.sketches = {}
+    store_only.save(tmp_path / "figures-only.json")
+    with pytest.raises(ConfigurationError, match="step-time distribution"):
+        resolve({"baseline": str(tmp_path / "figures-only.json")}, {})
+
+
+def test_baseline_requirements_defaults() -> None:
+    assert Requirements() == Requirements(min_coverage=0.8, min_samples=100)

@@ -139,6 +139,44 @@ def test_baseline_rules_unit_tests_catch_a_loosened_threshold(learned: Path, tmp
     assert "OtelgpuBaselineStepTimeRegression fires" in unit.stdout + unit.stderr
 
 
+def test_baseline_tighten_against_the_store(history: tuple[Any, float], learned: Path,
+                                            tmp_path: Path) -> None:
+    # An older, looser baseline: every threshold 40 % further from normal than the newer
+    # history supports. tighten proposes the learned thresholds back, with their rates.
+    store, end = history
+    loose = load(learned)
+    for e in loose.entries:
+        e.threshold = e.threshold * (1.4 if e.direction == "upper" else 0.6)
+    loose.save(tmp_path / "loose.json")
+    result = cli("baseline", "tighten", str(tmp_path / "loose.json"), "--url", store.url,
+                 "--window", "1d", "--end", str(end), "--out", str(tmp_path / "tight.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(loose.entries)} thresholds tighter" in result.stdout
+    tight, fresh = load(tmp_path / "tight.json"), load(learned)
+    for e in tight.entries:
+        again = fresh.entry(e.figure, e.labels)
+        assert again is not None and e.threshold == pytest.approx(again.threshold)
+    # The extra alert rate, recomputed here from the store: the share of the history's
+    # samples beyond the proposed threshold (none beyond the loose one).
+    import re
+
+    from otelgpu.baseline.figures import figure
+
+    rates = dict(re.findall(r"^- (\S+ \{[^}]*\}): .*\+(\d+\.\d+)% expected extra", result.stdout, re.M))
+    assert len(rates) == len(loose.entries)
+    for e in tight.entries:
+        data = store.api("query_range", query=figure(e.figure).query(), start=str(end - DAY),
+                         end=str(end), step="43.2")
+        (series,) = [r for r in data["result"]
+                     if all(r["metric"].get(k, "") == v for k, v in e.labels.items())]
+        values = [float(v) for _, v in series["values"]]
+        beyond = sum(1 for v in values if (v > e.threshold if e.direction == "upper"
+                                            else v < e.threshold))
+        key = ",".join(f"{k}={v}" for k, v in sorted(e.labels.items()) if v)
+        assert float(rates[f"{e.figure} {{{key}}}"]) == pytest.approx(
+            100 * beyond / len(values), abs=0.005)
+
+
 # ------------------------------------------------------------------------ refusals
 def test_baseline_refuses_an_empty_store(tmp_path: Path) -> None:
     store = start_store(tmp_path, {"global": {"scrape_interval": "15s"}})

@@ -62,30 +62,72 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("training", "Data-wait share", "otelgpu.train.data.wait.ratio", "value", "{{job}}"),
     PanelSpec("training", "Comm-wait share", "otelgpu.train.comm.wait.ratio", "value", "{{job}}"),
     PanelSpec("training", "Checkpoint p95", "otelgpu.train.checkpoint.duration", "q95", "{{job}}"),
-    PanelSpec("inference", "Request latency p99", "gen_ai.server.request.duration", "q99",
-              "{{job}} {{gen_ai_request_model}}"),
-    PanelSpec("inference", "Time to first token p99", "gen_ai.server.time_to_first_token",
-              "q99", "{{job}} {{gen_ai_request_model}}"),
-    PanelSpec("inference", "Requests per second", "otelgpu.inference.requests", "rate",
-              "{{job}} {{otelgpu_request_outcome}}"),
-    PanelSpec("inference", "Error/timeout share", "otelgpu.inference.requests", "outcome_share",
-              "{{job}} {{gen_ai_request_model}}"),
+    PanelSpec(
+        "inference",
+        "Request latency p99",
+        "gen_ai.server.request.duration",
+        "q99",
+        "{{job}} {{gen_ai_request_model}}",
+    ),
+    PanelSpec(
+        "inference",
+        "Time to first token p99",
+        "gen_ai.server.time_to_first_token",
+        "q99",
+        "{{job}} {{gen_ai_request_model}}",
+    ),
+    PanelSpec(
+        "inference",
+        "Requests per second",
+        "otelgpu.inference.requests",
+        "rate",
+        "{{job}} {{otelgpu_request_outcome}}",
+    ),
+    PanelSpec(
+        "inference",
+        "Error/timeout share",
+        "otelgpu.inference.requests",
+        "outcome_share",
+        "{{job}} {{gen_ai_request_model}}",
+    ),
     PanelSpec("inference", "Queued requests", "otelgpu.vllm.requests.waiting", "value", "{{job}}"),
     PanelSpec("inference", "KV-cache usage", "otelgpu.vllm.kv_cache.usage", "value", "{{job}}"),
-    PanelSpec("health", "GPU utilization", "hw.gpu.utilization", "value", "{{job}} {{hw_id}}",
-              'hw_gpu_task="general"'),
-    PanelSpec("health", "GPU memory used", "hw.gpu.memory.usage", "ratio_of:hw.gpu.memory.limit",
-              "{{job}} {{hw_id}}"),
-    PanelSpec("health", "Throttled share (costly reasons)", "otelgpu.gpu.throttle.time", "share",
-              "{{job}} {{hw_id}}"),
-    PanelSpec("health", "XID errors (1 h)", "otelgpu.gpu.xid", "increase1h",
-              "{{hw_id}} XID {{otelgpu_gpu_xid_code}}"),
-    PanelSpec("health", "GPU lost", "hw.status", "value", "{{job}} {{hw_id}}",
-              'hw_state="failed"'),
+    PanelSpec(
+        "health",
+        "GPU utilization",
+        "hw.gpu.utilization",
+        "value",
+        "{{job}} {{hw_id}}",
+        'hw_gpu_task="general"',
+    ),
+    PanelSpec(
+        "health",
+        "GPU memory used",
+        "hw.gpu.memory.usage",
+        "ratio_of:hw.gpu.memory.limit",
+        "{{job}} {{hw_id}}",
+    ),
+    PanelSpec(
+        "health",
+        "Throttled share (costly reasons)",
+        "otelgpu.gpu.throttle.time",
+        "share",
+        "{{job}} {{hw_id}}",
+    ),
+    PanelSpec(
+        "health",
+        "XID errors (1 h)",
+        "otelgpu.gpu.xid",
+        "increase1h",
+        "{{hw_id}} XID {{otelgpu_gpu_xid_code}}",
+    ),
+    PanelSpec("health", "GPU lost", "hw.status", "value", "{{job}} {{hw_id}}", 'hw_state="failed"'),
 )
 
-_COSTLY = 'otelgpu_gpu_throttle_reason=~"hw_thermal_slowdown|sw_thermal_slowdown|' \
+_COSTLY = (
+    'otelgpu_gpu_throttle_reason=~"hw_thermal_slowdown|sw_thermal_slowdown|'
     'hw_power_brake_slowdown|sw_power_cap|hw_slowdown"'
+)
 
 
 def _sel(name: str, *matchers: str) -> str:
@@ -138,7 +180,9 @@ def _panel(p: PanelSpec, path: str, x: int, y: int, w: int) -> Any:
     )
 
 
-def _dashboard(uid: str, title: str, path: str, layout: Iterable[tuple[PanelSpec, int, int, int]]) -> dict[str, Any]:
+def _dashboard(
+    uid: str, title: str, path: str, layout: Iterable[tuple[PanelSpec, int, int, int]]
+) -> dict[str, Any]:
     from grafana_foundation_sdk.builders import dashboard
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
@@ -154,14 +198,18 @@ def _dashboard(uid: str, title: str, path: str, layout: Iterable[tuple[PanelSpec
     return dict(json.loads(json.dumps(builder.build(), cls=JSONEncoder)))
 
 
-def _grid(panels: list[PanelSpec], x0: int, y0: int, width: int, columns: int) -> list[tuple[PanelSpec, int, int, int]]:
+def _grid(
+    panels: list[PanelSpec], x0: int, y0: int, width: int, columns: int
+) -> list[tuple[PanelSpec, int, int, int]]:
     w = width // columns
     return [(p, x0 + (i % columns) * w, y0 + (i // columns) * 8, w) for i, p in enumerate(panels)]
 
 
 def build(path: str) -> dict[str, dict[str, Any]]:
     """``{file name: dashboard JSON}`` of the three dashboards for data path ``path``."""
-    section = {s: [p for p in PANELS if p.section == s] for s in ("training", "inference", "health")}
+    section = {
+        s: [p for p in PANELS if p.section == s] for s in ("training", "inference", "health")
+    }
     rows = max(len(section["training"]), len(section["inference"]))
     overview = (
         _grid(section["training"], 0, 0, 12, 1)  # left column: training
@@ -170,14 +218,23 @@ def build(path: str) -> dict[str, dict[str, Any]]:
     )
     return {
         f"otelgpu-training-{path}.json": _dashboard(
-            f"otelgpu-training-{path}", f"otelgpu training ({path})", path,
-            _grid(section["training"] + section["health"], 0, 0, 24, 2)),
+            f"otelgpu-training-{path}",
+            f"otelgpu training ({path})",
+            path,
+            _grid(section["training"] + section["health"], 0, 0, 24, 2),
+        ),
         f"otelgpu-inference-{path}.json": _dashboard(
-            f"otelgpu-inference-{path}", f"otelgpu inference ({path})", path,
-            _grid(section["inference"] + section["health"], 0, 0, 24, 2)),
+            f"otelgpu-inference-{path}",
+            f"otelgpu inference ({path})",
+            path,
+            _grid(section["inference"] + section["health"], 0, 0, 24, 2),
+        ),
         f"otelgpu-overview-{path}.json": _dashboard(
-            f"otelgpu-overview-{path}", f"otelgpu overview: training | inference ({path})",
-            path, overview),
+            f"otelgpu-overview-{path}",
+            f"otelgpu overview: training | inference ({path})",
+            path,
+            overview,
+        ),
     }
 
 

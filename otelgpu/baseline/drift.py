@@ -13,7 +13,7 @@ import os
 from otelgpu.baseline.model import load
 from otelgpu.sketch import QuantileSketch
 
-__all__ = ["FileBaseline", "STEP_FIGURE"]
+__all__ = ["STEP_FIGURE", "FileBaseline"]
 
 STEP_FIGURE = "train_step_p95"
 

@@ -25,10 +25,8 @@ def parse_duration(text: str) -> float:
     """Seconds of a Prometheus-style duration (``90s``, ``15m``, ``7d``, ``1w``)."""
     text = text.strip()
     try:
-        if text[-1:] in _UNITS:
-            value = float(text[:-1]) * _UNITS[text[-1]]
-        else:
-            value = float(text)
+        unit = _UNITS.get(text[-1:])
+        value = float(text[:-1]) * unit if unit else float(text)
     except ValueError:
         raise ValueError(f"not a duration: {text!r} (e.g. 90s, 15m, 6h, 7d)") from None
     if not value > 0 or math.isinf(value):

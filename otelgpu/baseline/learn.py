@@ -95,7 +95,11 @@ def _now_iso() -> str:
 
 
 def _shortfall(
-    fig: Figure, labels: dict[str, str], samples: int, coverage: float, window_s: float,
+    fig: Figure,
+    labels: dict[str, str],
+    samples: int,
+    coverage: float,
+    window_s: float,
     req: Requirements,
 ) -> str | None:
     if coverage >= req.min_coverage and samples >= req.min_samples:
@@ -216,6 +220,10 @@ def learn_recordings(
     return _learn_recordings(paths, window_s, requirements)
 
 
+def _all_recorded() -> list[tuple[str, object]]:
+    return [*_SKETCH_FIGURES.values(), *_GAUGE_FIGURES.values()]
+
+
 def _load_run(paths: Sequence[str]) -> Any:
     from otelgpu.report.model import load
 
@@ -227,9 +235,7 @@ def _learn_recordings(
 ) -> BaselineFile:
     run = _load_run(paths)
     by_id = {f.id: f for f in FIGURES}
-    job = next(
-        (str(p["service.name"]) for p in run.processes if p.get("service.name")), "unknown"
-    )
+    job = next((str(p["service.name"]) for p in run.processes if p.get("service.name")), "unknown")
     coverage = min(1.0, run.end_s / window_s) if window_s > 0 else 0.0
     entries: list[Entry] = []
     problems: list[str] = []
@@ -263,7 +269,7 @@ def _learn_recordings(
         ]
         if not values:
             continue
-        labels = {k: job for k in fig.keys}
+        labels = dict.fromkeys(fig.keys, job)
         problem = _shortfall(fig, labels, len(values), coverage, window_s, requirements)
         if problem:
             problems.append(problem)
@@ -271,16 +277,24 @@ def _learn_recordings(
         entries.append(entry_from_values(fig, labels, values, coverage))
     if not entries and not problems:
         raise InsufficientHistory(
-            [f"no otelgpu metrics in the recordings {', '.join(paths)} (looked for "
-             f"{', '.join(sorted(n for n, _ in (*_SKETCH_FIGURES.values(), *_GAUGE_FIGURES.values())))})"]
+            [
+                f"no otelgpu metrics in the recordings {', '.join(paths)} (looked for "
+                f"{', '.join(sorted(n for n, _ in _all_recorded()))})"
+            ]
         )
     if problems:
         raise InsufficientHistory(problems)
     return BaselineFile(
-        source={"kind": "recordings", "paths": list(paths), "window_s": window_s,
-                "span_s": run.end_s},
-        requirements={"min_coverage": requirements.min_coverage,
-                      "min_samples": requirements.min_samples},
+        source={
+            "kind": "recordings",
+            "paths": list(paths),
+            "window_s": window_s,
+            "span_s": run.end_s,
+        },
+        requirements={
+            "min_coverage": requirements.min_coverage,
+            "min_samples": requirements.min_samples,
+        },
         entries=entries,
         created=_now_iso(),
         sketches=sketches,

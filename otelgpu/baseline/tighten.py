@@ -59,8 +59,8 @@ def propose(
         if n is None:
             proposal.kept.append(f"{e.figure} {{{_key(e.labels)}}}: not in the newer history")
             continue
-        tighter = n.threshold < e.threshold if e.direction == "upper" else (
-            n.threshold > e.threshold
+        tighter = (
+            n.threshold < e.threshold if e.direction == "upper" else (n.threshold > e.threshold)
         )
         if not tighter:
             proposal.kept.append(f"{e.figure} {{{_key(e.labels)}}}: newer history is not tighter")
@@ -68,7 +68,11 @@ def propose(
         samples = [v for _, v in values.get((e.figure, _key(e.labels)), [])]
         proposal.changes.append(
             Change(
-                e.figure, e.labels, e.unit, e.threshold, n.threshold,
+                e.figure,
+                e.labels,
+                e.unit,
+                e.threshold,
+                n.threshold,
                 _beyond(samples, e.threshold, e.direction),
                 _beyond(samples, n.threshold, e.direction),
             )
@@ -95,6 +99,5 @@ def render(p: Proposal) -> str:
             f"on the newer history the condition holds {c.new_rate:.2%} of the time "
             f"(was {c.old_rate:.2%}): +{extra:.2%} expected extra alert time"
         )
-    for k in p.kept:
-        lines.append(f"  kept: {k}")
+    lines.extend(f"  kept: {k}" for k in p.kept)
     return "\n".join(lines)

@@ -35,38 +35,60 @@ def _headers(items: list[str]) -> dict[str, str]:
 def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="Prometheus-compatible query API root (http://host:9090)")
     p.add_argument(
-        "--header", action="append", default=[], metavar="NAME=VALUE",
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="HTTP header for the store (auth, tenant); repeatable",
     )
     p.add_argument("--window", default="7d", help="history window (default 7d)")
     p.add_argument("--step", help="query resolution (default window/2000, >= 15s)")
     p.add_argument("--end", type=float, help="window end, unix seconds (default now)")
-    p.add_argument("--min-coverage", type=float, default=0.8,
-                   help="share of the window a figure's history must cover (default 0.8)")
-    p.add_argument("--min-samples", type=int, default=100,
-                   help="samples a figure needs (default 100)")
+    p.add_argument(
+        "--min-coverage",
+        type=float,
+        default=0.8,
+        help="share of the window a figure's history must cover (default 0.8)",
+    )
+    p.add_argument(
+        "--min-samples", type=int, default=100, help="samples a figure needs (default 100)"
+    )
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "baseline", help="learn a baseline, derive alert rules, tighten them",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "baseline",
+        help="learn a baseline, derive alert rules, tighten them",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="baseline_command", metavar="ACTION", required=True)
     learn = sub.add_parser("learn", help="learn a baseline from history")
     _add_source(learn)
-    learn.add_argument("--recording", nargs="+", metavar="FILE",
-                       help="learn from otelgpu recordings instead of a store")
+    learn.add_argument(
+        "--recording",
+        nargs="+",
+        metavar="FILE",
+        help="learn from otelgpu recordings instead of a store",
+    )
     learn.add_argument("--out", required=True, help="baseline file to write")
     learn.set_defaults(func=run_learn)
     rules = sub.add_parser("rules", help="Prometheus alerting rules from a baseline")
     rules.add_argument("baseline")
     rules.add_argument("--out", required=True, help="rules file to write")
     rules.add_argument("--tests", metavar="FILE", help="also write promtool unit tests")
-    rules.add_argument("--for", dest="for_override", metavar="DURATION",
-                       help="use this for: on every rule (short-lived test setups)")
-    rules.add_argument("--rate-window", default="5m", metavar="DURATION",
-                       help="range of the rules' rate() (default 5m; shorter for test setups)")
+    rules.add_argument(
+        "--for",
+        dest="for_override",
+        metavar="DURATION",
+        help="use this for: on every rule (short-lived test setups)",
+    )
+    rules.add_argument(
+        "--rate-window",
+        default="5m",
+        metavar="DURATION",
+        help="range of the rules' rate() (default 5m; shorter for test setups)",
+    )
     rules.set_defaults(func=run_rules)
     tighten = sub.add_parser("tighten", help="propose tighter thresholds from newer history")
     tighten.add_argument("baseline")
@@ -106,8 +128,11 @@ def _guarded(action: Any) -> int:
         print("otelgpu baseline: refusing to learn, too little history:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
-        print("  No thresholds were written. Record more history (a week is the aim), or "
-              "pass a shorter --window / lower --min-coverage knowingly.", file=sys.stderr)
+        print(
+            "  No thresholds were written. Record more history (a week is the aim), or "
+            "pass a shorter --window / lower --min-coverage knowingly.",
+            file=sys.stderr,
+        )
         return EXIT_INSUFFICIENT
     except StoreError as exc:
         print(f"otelgpu baseline: the store did not answer: {exc}", file=sys.stderr)
@@ -124,7 +149,8 @@ def run_learn(args: argparse.Namespace) -> int:
             from otelgpu.baseline.learn import learn_recordings
 
             baseline = learn_recordings(
-                args.recording, window_s=parse_duration(args.window),
+                args.recording,
+                window_s=parse_duration(args.window),
                 requirements=_requirements(args),
             )
         elif args.url:
@@ -135,8 +161,10 @@ def run_learn(args: argparse.Namespace) -> int:
         print(f"otelgpu baseline: {len(baseline.entries)} figures learned -> {args.out}")
         for e in baseline.entries:
             key = ",".join(f"{k}={v}" for k, v in sorted(e.labels.items()) if v) or "-"
-            print(f"  {e.figure:24} {key:40} median {e.median:.4g}  threshold {e.threshold:.4g}"
-                  f"  ({e.samples} samples, {e.coverage:.0%} coverage)")
+            print(
+                f"  {e.figure:24} {key:40} median {e.median:.4g}  threshold {e.threshold:.4g}"
+                f"  ({e.samples} samples, {e.coverage:.0%} coverage)"
+            )
         absent = baseline.source.get("absent") or []
         if absent:
             print(f"  not in the history (no rule): {', '.join(absent)}")

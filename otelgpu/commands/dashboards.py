@@ -16,12 +16,15 @@ from typing import Any
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "dashboards", help="write Grafana dashboards (JSON) for training and inference",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "dashboards",
+        help="write Grafana dashboards (JSON) for training and inference",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write")
-    parser.add_argument("--path", choices=("pull", "otlp"), action="append",
-                        help="data path (default: both)")
+    parser.add_argument(
+        "--path", choices=("pull", "otlp"), action="append", help="data path (default: both)"
+    )
     parser.set_defaults(func=run)
     return parser
 

@@ -93,7 +93,9 @@ def resolve(
             baseline = FileBaseline(os.fspath(value)).path
         except (ValueError, TypeError):
             raise ConfigurationError(
-                where, value, "a baseline file with a step-time distribution "
-                "(otelgpu baseline learn --recording FILE... --out FILE)"
+                where,
+                value,
+                "a baseline file with a step-time distribution "
+                "(otelgpu baseline learn --recording FILE... --out FILE)",
             ) from None
     return DiagnosisSettings(enabled, every, threshold, verdict_log, baseline)

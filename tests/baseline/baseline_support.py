@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 
-from backends_support import (  # noqa: E402
+from backends_support import (
     PrometheusServer,
     _wait_ready,
     free_port,
@@ -35,11 +35,18 @@ from backends_support import (  # noqa: E402
 )
 
 __all__ = [
-    "EXPECTED_ALERTS", "LiveTarget", "PrometheusServer", "backfill", "free_port",
-    "openmetrics_history", "require_binaries", "start_store", "wait_until",
+    "EXPECTED_ALERTS",
+    "LiveTarget",
+    "PrometheusServer",
+    "backfill",
+    "free_port",
+    "openmetrics_history",
+    "require_binaries",
+    "start_store",
+    "wait_until",
 ]
 
-from otelgpu.baseline.names import metric_name as n  # noqa: E402
+from otelgpu.baseline.names import metric_name as n
 
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 MODEL = "llama-3-8b"
@@ -60,8 +67,11 @@ HEALTHY = {
 }
 FAULTS = {"req_p99": 3.6, "throttle_share": 0.5}
 """The injected faults: p99 latency doubled, half the time thermally throttled (+ XID 79)."""
-EXPECTED_ALERTS = {"OtelgpuBaselineLatencyRegression", "OtelgpuBaselineThrottling",
-                   "OtelgpuGpuXidCritical"}
+EXPECTED_ALERTS = {
+    "OtelgpuBaselineLatencyRegression",
+    "OtelgpuBaselineThrottling",
+    "OtelgpuGpuXidCritical",
+}
 
 
 # The pull endpoint serves each sketch's p50, p95 and p99 (setting `quantiles`).
@@ -73,9 +83,9 @@ def _gpu(job: str) -> dict[str, str]:
     return {"hw_id": f"GPU-{job}", "hw_name": GPU_MODEL, "hw_vendor": "NVIDIA", "hw_type": "gpu"}
 
 
-def samples(job: str, t: float, v: dict[str, float], xid: bool = False) -> Iterator[
-    tuple[str, dict[str, str], float]
-]:
+def samples(
+    job: str, t: float, v: dict[str, float], xid: bool = False
+) -> Iterator[tuple[str, dict[str, str], float]]:
     """(name, labels, value) of job ``job`` at ``t`` seconds since its start, values ``v``
     (counters grow at the rates in ``v``)."""
     g = _gpu(job)
@@ -100,8 +110,11 @@ def samples(job: str, t: float, v: dict[str, float], xid: bool = False) -> Itera
     yield n("hw.gpu.utilization"), {**g, "hw_gpu_task": "general"}, v["util"]
     yield n("hw.gpu.memory.usage"), g, v["mem"]
     yield n("hw.gpu.memory.limit"), g, 80e9
-    yield (n("otelgpu.gpu.throttle.time"),
-           {**g, "otelgpu_gpu_throttle_reason": "hw_thermal_slowdown"}, v["throttle_share"] * t)
+    yield (
+        n("otelgpu.gpu.throttle.time"),
+        {**g, "otelgpu_gpu_throttle_reason": "hw_thermal_slowdown"},
+        v["throttle_share"] * t,
+    )
     for state in ("ok", "failed"):
         yield n("hw.status"), {**g, "hw_state": state}, 1.0 if state == "ok" else 0.0
     if xid:
@@ -126,8 +139,7 @@ def _labels(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{val}"' for k, val in sorted(labels.items()))
 
 
-def openmetrics_history(end: float, duration_s: float, step_s: float = 60.0,
-                        seed: int = 7) -> str:
+def openmetrics_history(end: float, duration_s: float, step_s: float = 60.0, seed: int = 7) -> str:
     """A healthy fleet's history from ``end - duration_s`` to ``end`` as OpenMetrics."""
     rng = random.Random(seed)
     start = end - duration_s
@@ -160,14 +172,21 @@ def backfill(directory: Path, end: float, duration_s: float) -> Path:
     data = directory / "data"
     result = subprocess.run(
         [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return data
 
 
-def start_store(directory: Path, config: dict[str, object], data: Path | None = None,
-                extra: tuple[str, ...] = ()) -> PrometheusServer:
+def start_store(
+    directory: Path,
+    config: dict[str, object],
+    data: Path | None = None,
+    extra: tuple[str, ...] = (),
+) -> PrometheusServer:
     """A real Prometheus with ``config`` (dict, written as JSON) and ``data`` (or empty)."""
     binary = require_binaries("prometheus")["prometheus"]
     directory.mkdir(parents=True, exist_ok=True)
@@ -176,11 +195,18 @@ def start_store(directory: Path, config: dict[str, object], data: Path | None = 
     port = free_port()
     with open(directory / "prometheus.log", "wb") as log:
         process = subprocess.Popen(
-            [binary, f"--config.file={path}",
-             f"--storage.tsdb.path={data or directory / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-             "--storage.tsdb.retention.time=30d", *extra],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                binary,
+                f"--config.file={path}",
+                f"--storage.tsdb.path={data or directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+                "--storage.tsdb.retention.time=30d",
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     server = PrometheusServer(process, port, directory)
     if not _wait_ready(server):
@@ -204,7 +230,7 @@ class LiveTarget:
         target = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 job = self.path.strip("/")
                 body = target.render(job).encode() if job in ("train", "serve") else b""
                 self.send_response(200 if body else 404)

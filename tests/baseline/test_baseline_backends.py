@@ -44,7 +44,10 @@ DAY = 86400.0
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "otelgpu", *args],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -63,8 +66,20 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, flo
 def learned(history: tuple[Any, float], tmp_path_factory: pytest.TempPathFactory) -> Path:
     store, end = history
     out = tmp_path_factory.mktemp("learned")
-    result = cli("baseline", "learn", "--url", store.url, "--window", "1d", "--end", str(end),
-                 "--header", "X-Scope-OrgID=fleet", "--out", str(out / "baseline.json"))
+    result = cli(
+        "baseline",
+        "learn",
+        "--url",
+        store.url,
+        "--window",
+        "1d",
+        "--end",
+        str(end),
+        "--header",
+        "X-Scope-OrgID=fleet",
+        "--out",
+        str(out / "baseline.json"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out / "baseline.json"
 
@@ -75,8 +90,7 @@ def test_baseline_learn_every_figure_per_key(learned: Path) -> None:
     train, serve = (("job", "train"),), (("gen_ai_request_model", "llama-3-8b"), ("job", "serve"))
     gpu = (("hw_name", "NVIDIA H100 80GB HBM3"),)
     expected = {
-        (f.id, {"training": train, "inference": serve, "health": gpu}[f.family])
-        for f in FIGURES
+        (f.id, {"training": train, "inference": serve, "health": gpu}[f.family]) for f in FIGURES
     }
     # queue and KV cache are per job only (vLLM's engine gauges carry no model label)
     expected = {
@@ -97,12 +111,22 @@ def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_pa
     result = cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
     assert result.returncode == 0, result.stderr
     entries = len(load(learned).entries)
-    check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
-                           text=True, timeout=60, check=False)
+    check = subprocess.run(
+        [promtool, "check", "rules", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert check.returncode == 0 and "FAILED" not in check.stdout + check.stderr, check.stderr
     assert f"SUCCESS: {entries + 4} rules found" in check.stdout
-    unit = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    unit = subprocess.run(
+        [promtool, "test", "rules", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert unit.returncode == 0, unit.stdout[-4000:]
     import yaml
 
@@ -118,7 +142,9 @@ def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_pa
     assert "p99 of history" in text and "runbook" in text  # figure and margin quoted
 
 
-def test_baseline_rules_unit_tests_catch_a_loosened_threshold(learned: Path, tmp_path: Path) -> None:
+def test_baseline_rules_unit_tests_catch_a_loosened_threshold(
+    learned: Path, tmp_path: Path
+) -> None:
     promtool = require_binaries("promtool")["promtool"]
     rules, tests = tmp_path / "rules.yml", tmp_path / "rules.test.yml"
     cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
@@ -127,20 +153,30 @@ def test_baseline_rules_unit_tests_catch_a_loosened_threshold(learned: Path, tmp
     import yaml
 
     doc = yaml.safe_load(rules.read_text())
-    (rule,) = [r for g in doc["groups"] for r in g["rules"]
-               if r["alert"] == "OtelgpuBaselineStepTimeRegression"]
+    (rule,) = [
+        r
+        for g in doc["groups"]
+        for r in g["rules"]
+        if r["alert"] == "OtelgpuBaselineStepTimeRegression"
+    ]
     old = f"> {step.threshold:.6g}"
     assert rule["expr"].endswith(old)
     rule["expr"] = rule["expr"].replace(old, f"> {step.threshold * 10:.6g}")
     rules.write_text(yaml.safe_dump(doc))
-    unit = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    unit = subprocess.run(
+        [promtool, "test", "rules", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert unit.returncode == 1
     assert "OtelgpuBaselineStepTimeRegression fires" in unit.stdout + unit.stderr
 
 
-def test_baseline_tighten_against_the_store(history: tuple[Any, float], learned: Path,
-                                            tmp_path: Path) -> None:
+def test_baseline_tighten_against_the_store(
+    history: tuple[Any, float], learned: Path, tmp_path: Path
+) -> None:
     # An older, looser baseline: every threshold 40 % further from normal than the newer
     # history supports. tighten proposes the learned thresholds back, with their rates.
     store, end = history
@@ -148,8 +184,19 @@ def test_baseline_tighten_against_the_store(history: tuple[Any, float], learned:
     for e in loose.entries:
         e.threshold = e.threshold * (1.4 if e.direction == "upper" else 0.6)
     loose.save(tmp_path / "loose.json")
-    result = cli("baseline", "tighten", str(tmp_path / "loose.json"), "--url", store.url,
-                 "--window", "1d", "--end", str(end), "--out", str(tmp_path / "tight.json"))
+    result = cli(
+        "baseline",
+        "tighten",
+        str(tmp_path / "loose.json"),
+        "--url",
+        store.url,
+        "--window",
+        "1d",
+        "--end",
+        str(end),
+        "--out",
+        str(tmp_path / "tight.json"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(loose.entries)} thresholds tighter" in result.stdout
     tight, fresh = load(tmp_path / "tight.json"), load(learned)
@@ -162,19 +209,31 @@ def test_baseline_tighten_against_the_store(history: tuple[Any, float], learned:
 
     from otelgpu.baseline.figures import figure
 
-    rates = dict(re.findall(r"^- (\S+ \{[^}]*\}): .*\+(\d+\.\d+)% expected extra", result.stdout, re.M))
+    rates = dict(
+        re.findall(r"^- (\S+ \{[^}]*\}): .*\+(\d+\.\d+)% expected extra", result.stdout, re.M)
+    )
     assert len(rates) == len(loose.entries)
     for e in tight.entries:
-        data = store.api("query_range", query=figure(e.figure).query(), start=str(end - DAY),
-                         end=str(end), step="43.2")
-        (series,) = [r for r in data["result"]
-                     if all(r["metric"].get(k, "") == v for k, v in e.labels.items())]
+        data = store.api(
+            "query_range",
+            query=figure(e.figure).query(),
+            start=str(end - DAY),
+            end=str(end),
+            step="43.2",
+        )
+        (series,) = [
+            r
+            for r in data["result"]
+            if all(r["metric"].get(k, "") == v for k, v in e.labels.items())
+        ]
         values = [float(v) for _, v in series["values"]]
-        beyond = sum(1 for v in values if (v > e.threshold if e.direction == "upper"
-                                            else v < e.threshold))
+        beyond = sum(
+            1 for v in values if (v > e.threshold if e.direction == "upper" else v < e.threshold)
+        )
         key = ",".join(f"{k}={v}" for k, v in sorted(e.labels.items()) if v)
         assert float(rates[f"{e.figure} {{{key}}}"]) == pytest.approx(
-            100 * beyond / len(values), abs=0.005)
+            100 * beyond / len(values), abs=0.005
+        )
 
 
 # ------------------------------------------------------------------------ refusals
@@ -195,8 +254,16 @@ def test_baseline_refuses_one_hour_of_history(tmp_path: Path) -> None:
     data = backfill(tmp_path, end, 3600)
     store = start_store(tmp_path, {"global": {"scrape_interval": "15s"}}, data)
     try:
-        result = cli("baseline", "learn", "--url", store.url, "--end", str(end),
-                     "--out", str(tmp_path / "b.json"))
+        result = cli(
+            "baseline",
+            "learn",
+            "--url",
+            store.url,
+            "--end",
+            str(end),
+            "--out",
+            str(tmp_path / "b.json"),
+        )
     finally:
         store.stop()
     assert result.returncode == 3, result.stdout + result.stderr
@@ -211,7 +278,9 @@ def test_baseline_refuses_a_store_without_the_metrics(tmp_path: Path) -> None:
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "self", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+        "scrape_configs": [
+            {"job_name": "self", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+        ],
     }
     store = start_store(tmp_path, config, extra=())
     try:
@@ -220,8 +289,16 @@ def test_baseline_refuses_a_store_without_the_metrics(tmp_path: Path) -> None:
         (tmp_path / "prometheus.yml").write_text(json.dumps(config))
         subprocess.run(["kill", "-HUP", str(store.process.pid)], check=True)
         assert wait_until(lambda: store.query("up == 1"), 15)
-        result = cli("baseline", "learn", "--url", store.url, "--window", "1h",
-                     "--out", str(tmp_path / "b.json"))
+        result = cli(
+            "baseline",
+            "learn",
+            "--url",
+            store.url,
+            "--window",
+            "1h",
+            "--out",
+            str(tmp_path / "b.json"),
+        )
     finally:
         store.stop()
     assert result.returncode == 3
@@ -229,8 +306,14 @@ def test_baseline_refuses_a_store_without_the_metrics(tmp_path: Path) -> None:
 
 
 def test_baseline_unreachable_store_exit_code(tmp_path: Path) -> None:
-    result = cli("baseline", "learn", "--url", f"http://127.0.0.1:{free_port()}",
-                 "--out", str(tmp_path / "b.json"))
+    result = cli(
+        "baseline",
+        "learn",
+        "--url",
+        f"http://127.0.0.1:{free_port()}",
+        "--out",
+        str(tmp_path / "b.json"),
+    )
     assert result.returncode == 4
     assert "the store did not answer" in result.stderr
 
@@ -244,7 +327,7 @@ class Webhook:
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 for alert in body["alerts"]:
                     hook.deliveries.append(
@@ -267,19 +350,37 @@ class Webhook:
 def _start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.Popen[bytes], int]:
     binary = require_binaries("prometheus-alertmanager")["prometheus-alertmanager"]
     config = {
-        "route": {"receiver": "hook", "group_by": ["alertname"], "group_wait": "1s",
-                  "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "hook", "webhook_configs": [
-            {"url": f"http://127.0.0.1:{webhook.port}/", "send_resolved": False}]}],
+        "route": {
+            "receiver": "hook",
+            "group_by": ["alertname"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {
+                "name": "hook",
+                "webhook_configs": [
+                    {"url": f"http://127.0.0.1:{webhook.port}/", "send_resolved": False}
+                ],
+            }
+        ],
     }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "am.yml").write_text(json.dumps(config))
     port = free_port()
     log = open(directory / "am.log", "wb")  # noqa: SIM115 (kept open for the process)
     process = subprocess.Popen(
-        [binary, f"--config.file={directory / 'am.yml'}", f"--storage.path={directory / 'am'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        [
+            binary,
+            f"--config.file={directory / 'am.yml'}",
+            f"--storage.path={directory / 'am'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
     )
 
     def ready() -> bool:
@@ -301,8 +402,17 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     Alertmanager delivering to a webhook: healthy first, then with the injected faults."""
     directory = tmp_path_factory.mktemp("live")
     rules = directory / "rules.yml"
-    result = cli("baseline", "rules", str(learned), "--out", str(rules), "--for", "3s",
-                 "--rate-window", "20s")
+    result = cli(
+        "baseline",
+        "rules",
+        str(learned),
+        "--out",
+        str(rules),
+        "--for",
+        "3s",
+        "--rate-window",
+        "20s",
+    )
     assert result.returncode == 0, result.stderr
     webhook = Webhook()
     target = LiveTarget()
@@ -310,10 +420,15 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+        "alerting": {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]
+        },
         "scrape_configs": [
-            {"job_name": job, "metrics_path": f"/{job}",
-             "static_configs": [{"targets": [f"127.0.0.1:{target.port}"]}]}
+            {
+                "job_name": job,
+                "metrics_path": f"/{job}",
+                "static_configs": [{"targets": [f"127.0.0.1:{target.port}"]}],
+            }
             for job in ("train", "serve")
         ],
     }
@@ -382,8 +497,9 @@ def test_baseline_every_dashboard_panel_returns_data(live_run: dict[str, Any]) -
 def test_baseline_overview_is_training_left_inference_right_health_below() -> None:
     doc = dashboards.build("pull")["otelgpu-overview-pull.json"]
     by_title = {p.title: p for p in dashboards.PANELS}
-    health_top = min(p["gridPos"]["y"] for p in doc["panels"]
-                     if by_title[p["title"]].section == "health")
+    health_top = min(
+        p["gridPos"]["y"] for p in doc["panels"] if by_title[p["title"]].section == "health"
+    )
     for p in doc["panels"]:
         section, pos = by_title[p["title"]].section, p["gridPos"]
         if section == "training":
@@ -397,4 +513,6 @@ def test_baseline_shipped_dashboards_are_current(tmp_path: Path) -> None:
     assert len(written) == 6
     for path in written:
         shipped = dashboards.SHIPPED / path.name
-        assert shipped.read_text() == path.read_text(), f"regenerate {shipped} (otelgpu dashboards --out)"
+        assert shipped.read_text() == path.read_text(), (
+            f"regenerate {shipped} (otelgpu dashboards --out)"
+        )

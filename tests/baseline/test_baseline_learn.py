@@ -31,15 +31,26 @@ MAKE_RUN = Path(__file__).resolve().parents[1] / "report" / "make_run.py"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "otelgpu", *args], env=python_env(),
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "otelgpu", *args],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    proc = subprocess.run([sys.executable, str(MAKE_RUN), str(out), "--seed", "1"],
-                          env=python_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(MAKE_RUN), str(out), "--seed", "1"],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     (path,) = out.glob("*.otlp.jsonl")
     return path
@@ -48,8 +59,20 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def learned(recording: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("learned") / "baseline.json"
-    result = cli("baseline", "learn", "--recording", str(recording), "--window", "2m",
-                 "--min-coverage", "0.5", "--min-samples", "5", "--out", str(out))
+    result = cli(
+        "baseline",
+        "learn",
+        "--recording",
+        str(recording),
+        "--window",
+        "2m",
+        "--min-coverage",
+        "0.5",
+        "--min-samples",
+        "5",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 
@@ -76,8 +99,9 @@ def test_baseline_learn_from_recording_merges_the_histograms_exactly(
 def test_baseline_learn_refuses_a_recording_shorter_than_the_window(
     recording: Path, tmp_path: Path
 ) -> None:
-    result = cli("baseline", "learn", "--recording", str(recording), "--out",
-                 str(tmp_path / "b.json"))  # default window: 7 days
+    result = cli(
+        "baseline", "learn", "--recording", str(recording), "--out", str(tmp_path / "b.json")
+    )  # default window: 7 days
     assert result.returncode == 3
     assert "train_step_p95" in result.stderr and "of the 7d window" in result.stderr
     assert not (tmp_path / "b.json").exists()
@@ -86,8 +110,16 @@ def test_baseline_learn_refuses_a_recording_shorter_than_the_window(
 def test_baseline_learn_refuses_an_empty_recording(tmp_path: Path) -> None:
     empty = tmp_path / "empty.otlp.jsonl"
     empty.write_text("")
-    result = cli("baseline", "learn", "--recording", str(empty), "--window", "1m",
-                 "--out", str(tmp_path / "b.json"))
+    result = cli(
+        "baseline",
+        "learn",
+        "--recording",
+        str(empty),
+        "--window",
+        "1m",
+        "--out",
+        str(tmp_path / "b.json"),
+    )
     assert result.returncode == 3
     assert "no otelgpu metrics in the recordings" in result.stderr
 
@@ -126,10 +158,12 @@ def test_baseline_thresholds_follow_the_documented_margins() -> None:
 def test_baseline_tighten_reports_the_extra_alert_rate() -> None:
     fig = figure("train_step_p95")
     history = [0.1] * 90 + [0.14] * 10  # 10 % of the newer history at 140 ms
-    old = BaselineFile({"kind": "prometheus"}, {}, [
-        entry_from_values(fig, {"job": "j"}, [0.2] * 200, 1.0)])  # threshold 250 ms
-    newer = BaselineFile({"kind": "prometheus"}, {}, [
-        entry_from_values(fig, {"job": "j"}, [0.1] * 200, 1.0)])  # threshold 125 ms
+    old = BaselineFile(
+        {"kind": "prometheus"}, {}, [entry_from_values(fig, {"job": "j"}, [0.2] * 200, 1.0)]
+    )  # threshold 250 ms
+    newer = BaselineFile(
+        {"kind": "prometheus"}, {}, [entry_from_values(fig, {"job": "j"}, [0.1] * 200, 1.0)]
+    )  # threshold 125 ms
     values = {("train_step_p95", "job=j"): [(float(i), v) for i, v in enumerate(history)]}
     proposal = propose(old, newer, values)
     (change,) = proposal.changes
@@ -183,8 +217,9 @@ def test_baseline_setting_resolves_and_fails_fast(learned: Path, tmp_path: Path)
 
     diagnosis = TrainingDiagnosis(lambda: None, settings)
     assert isinstance(diagnosis.drift.baseline, FileBaseline)
-    assert not isinstance(TrainingDiagnosis(lambda: None, resolve({}, {})).drift.baseline,
-                          FileBaseline)
+    assert not isinstance(
+        TrainingDiagnosis(lambda: None, resolve({}, {})).drift.baseline, FileBaseline
+    )
     with pytest.raises(ConfigurationError, match="OTELGPU_BASELINE"):
         resolve({}, {"OTELGPU_BASELINE": str(tmp_path / "missing.json")})
     store_only = load(learned)

@@ -26,10 +26,20 @@ __all__ = ["ServingDiagnosis", "attach"]
 class ServingDiagnosis:
     """Latency drift of one runtime's requests (see the module docstring)."""
 
-    def __init__(self, runtime: Any, *, window: int = 1000) -> None:
+    def __init__(self, runtime: Any, *, window: int = 1000, baseline: str | None = None) -> None:
+        from otelgpu.baseline.drift import file_baseline
+
         self.emitter = Emitter(runtime)
-        self.ttft = LatencyDrift("TTFT", window=window)
-        self.duration = LatencyDrift("request duration", window=window)
+        # With a baseline file (OTELGPU_BASELINE) its recorded distributions stand in for
+        # the service's early requests.
+        self.ttft = LatencyDrift(
+            "TTFT", window=window, baseline=file_baseline(baseline, "inference_ttft_p99")
+        )
+        self.duration = LatencyDrift(
+            "request duration",
+            window=window,
+            baseline=file_baseline(baseline, "inference_request_p99"),
+        )
         self._lock = threading.Lock()
 
     def observe(self, span: Span, duration_s: float, ttft_s: float | None) -> None:
@@ -52,12 +62,13 @@ def attach(runtime: Any) -> ServingDiagnosis | None:
     Raises:
         ConfigurationError: ``OTELGPU_DIAGNOSIS`` (or another diagnosis variable) is invalid.
     """
-    if not resolve({}).enabled:
+    settings = resolve({})
+    if not settings.enabled:
         return None
     requests = getattr(runtime, "requests", None)
     observers = getattr(requests, "observers", None)
     if observers is None:
         return None
-    diagnosis = ServingDiagnosis(runtime)
+    diagnosis = ServingDiagnosis(runtime, baseline=settings.baseline)
     observers.append(diagnosis.observe)
     return diagnosis

@@ -87,15 +87,15 @@ def resolve(
     value, where = _raw(kwargs, env, "baseline", ev.OTELGPU_BASELINE)
     baseline = None
     if value is not None:
-        from otelgpu.baseline.drift import FileBaseline
+        from otelgpu.baseline.drift import check_file
 
         try:
-            baseline = FileBaseline(os.fspath(value)).path
+            baseline = check_file(os.fspath(value))
         except (ValueError, TypeError):
             raise ConfigurationError(
                 where,
                 value,
-                "a baseline file with a step-time distribution "
+                "a baseline file with a recorded distribution "
                 "(otelgpu baseline learn --recording FILE... --out FILE)",
             ) from None
     return DiagnosisSettings(enabled, every, threshold, verdict_log, baseline)

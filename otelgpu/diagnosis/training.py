@@ -92,12 +92,10 @@ class _Window:
 
 def _file_baseline(path: str | None) -> Any:
     """The baseline file's step-time distribution (``OTELGPU_BASELINE``), or None: the
-    run's own start (validated at ``resolve()``, so a failure here is not expected)."""
-    if path is None:
-        return None
-    from otelgpu.baseline.drift import FileBaseline
+    run's own start."""
+    from otelgpu.baseline.drift import STEP_FIGURE, file_baseline
 
-    return FileBaseline(path)
+    return file_baseline(path, STEP_FIGURE)
 
 
 class TrainingDiagnosis:

@@ -225,8 +225,38 @@ def test_baseline_setting_resolves_and_fails_fast(learned: Path, tmp_path: Path)
     store_only = load(learned)
     store_only.sketches = {}
     store_only.save(tmp_path / "figures-only.json")
-    with pytest.raises(ConfigurationError, match="step-time distribution"):
+    with pytest.raises(ConfigurationError, match="recorded distribution"):
         resolve({"baseline": str(tmp_path / "figures-only.json")}, {})
+
+
+def test_baseline_file_drives_the_serving_latency_drift(
+    learned: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import otelgpu
+    from otelgpu import _runtime
+
+    monkeypatch.setenv("OTELGPU_BASELINE", str(learned))
+    otelgpu.instrument(exporters="none", gpu=False)
+    try:
+        rt = _runtime.current()
+        assert rt is not None
+        (observe,) = rt.requests.observers  # type: ignore[attr-defined]
+        serving = observe.__self__
+        assert isinstance(serving.ttft.baseline, FileBaseline)
+        assert isinstance(serving.duration.baseline, FileBaseline)
+        stored = load(learned).sketch("inference_ttft_p99")
+        assert serving.ttft.baseline.sketch().to_bytes() == stored.to_bytes()
+    finally:
+        otelgpu.shutdown()
+    monkeypatch.delenv("OTELGPU_BASELINE")
+    otelgpu.instrument(exporters="none", gpu=False)
+    try:
+        rt = _runtime.current()
+        assert rt is not None
+        (observe,) = rt.requests.observers  # type: ignore[attr-defined]
+        assert not isinstance(observe.__self__.ttft.baseline, FileBaseline)
+    finally:
+        otelgpu.shutdown()
 
 
 def test_baseline_requirements_defaults() -> None:

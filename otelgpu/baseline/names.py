@@ -6,8 +6,9 @@
   end in ``_total``; a sketch metric is served as its ``<name>.quantile`` gauge.
 * ``otlp``: OTLP into a Prometheus-compatible store with Prometheus naming (VictoriaMetrics
   ``-opentelemetry.usePrometheusNaming``, Mimir, Prometheus >= 3): the same rules, except
-  that unit ``1`` becomes ``_ratio`` and a sketch is an exponential histogram
-  (``<name>_<unit>_bucket``, merged with ``histogram_quantile`` over ``vmrange``/``le``).
+  that unit ``1`` becomes ``_ratio`` on a gauge (never doubled) and a sketch is an
+  exponential histogram (``<name>_<unit>_bucket``, merged with ``histogram_quantile`` over
+  ``vmrange``).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def spec(name: str) -> MetricSpec:
     raise KeyError(f"{name} is not in otelgpu's metric catalog")
 
 
-def _unit_suffix(unit: str, path: str) -> str:
+def _unit_suffix(unit: str, path: str, kind: Kind) -> str:
     if unit == "1":
-        return "_ratio" if path == "otlp" else ""
+        # OTLP -> Prometheus naming adds "_ratio" to gauges only (not to sums).
+        return "_ratio" if path == "otlp" and kind is Kind.OBSERVABLE_GAUGE else ""
     if unit.startswith("{"):
         return ""
     word = _UNITS.get(unit)
@@ -53,7 +55,9 @@ def metric_name(name: str, path: str = "pull") -> str:
         raise ValueError(f"path must be one of {PATHS}, not {path!r}")
     entry = spec(name)
     base = re.sub(r"[^a-zA-Z0-9_:]", "_", name)
-    unit = _unit_suffix(entry.unit, path)
+    unit = _unit_suffix(entry.unit, path, entry.kind)
+    if unit and base.endswith(unit):  # no doubled suffix (otelgpu.train.data.wait.ratio)
+        unit = ""
     if entry.kind is Kind.SKETCH:
         return f"{base}_quantile{unit}" if path == "pull" else f"{base}{unit}_bucket"
     if entry.kind in _COUNTERS:

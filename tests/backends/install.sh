@@ -1,7 +1,11 @@
 #!/bin/sh
 # Install what the real-backend tests (tests/backends/, marker `backend`) need on a fresh
 # Debian 12 (bookworm) machine: Prometheus 2.42 and promtool (Debian package `prometheus`),
-# Alertmanager 0.25 (`prometheus-alertmanager`, for tests/baseline/).
+# Alertmanager 0.25 (`prometheus-alertmanager`, for tests/baseline/), and VictoriaMetrics
+# (an OTLP-ingesting store, for tests/baseline/): bookworm's 1.79 predates OTLP, so trixie's
+# .deb is downloaded with a private apt configuration (the system's apt sources and dpkg
+# state are untouched), unpacked under /opt/otelgpu-victoria-metrics and linked into
+# /usr/local/bin.
 #
 #   sudo tests/backends/install.sh      # or as root in CI
 #
@@ -11,7 +15,8 @@
 set -eu
 
 if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
-    && command -v prometheus-alertmanager >/dev/null 2>&1; then
+    && command -v prometheus-alertmanager >/dev/null 2>&1 \
+    && command -v victoria-metrics >/dev/null 2>&1; then
     exit 0
 fi
 
@@ -30,9 +35,28 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
 
+if ! command -v victoria-metrics >/dev/null 2>&1; then
+    D=$(mktemp -d)
+    MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
+    mkdir -p "$D/apt/lists/partial" "$D/apt/cache/archives/partial" "$D/debs"
+    echo "deb $MIRROR trixie main" > "$D/apt/sources.list"
+    O="-o APT::Sandbox::User=root -o Dir::Etc::sourcelist=$D/apt/sources.list -o Dir::Etc::sourceparts=/nonexistent"
+    O="$O -o Dir::State::Lists=$D/apt/lists -o Dir::Cache=$D/apt/cache"
+    # shellcheck disable=SC2086
+    apt-get $O update -qq
+    # shellcheck disable=SC2086
+    (cd "$D/debs" && apt-get $O download -qq victoria-metrics 2>/dev/null)
+    rm -rf /opt/otelgpu-victoria-metrics
+    dpkg-deb -x "$D"/debs/victoria-metrics_*.deb /opt/otelgpu-victoria-metrics
+    ln -sf /opt/otelgpu-victoria-metrics/usr/bin/victoria-metrics /usr/local/bin/victoria-metrics
+    rm -rf "$D"
+fi
+
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
-    && command -v prometheus-alertmanager >/dev/null 2>&1 || {
-    echo "tests/backends/install.sh: prometheus/promtool/prometheus-alertmanager still missing after apt-get install" >&2
+    && command -v prometheus-alertmanager >/dev/null 2>&1 \
+    && command -v victoria-metrics >/dev/null 2>&1 || {
+    echo "tests/backends/install.sh: prometheus/promtool/prometheus-alertmanager/victoria-metrics still missing after apt-get install" >&2
     exit 1
 }
 echo "tests/backends/install.sh: $(prometheus --version 2>&1 | head -n 1)"

@@ -516,3 +516,96 @@ def test_baseline_shipped_dashboards_are_current(tmp_path: Path) -> None:
         assert shipped.read_text() == path.read_text(), (
             f"regenerate {shipped} (otelgpu dashboards --out)"
         )
+
+
+def test_baseline_names_are_what_the_real_exporter_exposes(learned: Path) -> None:
+    # Every metric name in the generated rules and the pull-path dashboards is one the
+    # real Prometheus exporter writes for otelgpu's catalog -- a rename breaks this test.
+    from backends_support import exposition_names, otelgpu_metric_tables, promql_metric_names
+
+    from otelgpu.baseline.rules import rules_document
+
+    exposed = set(exposition_names(otelgpu_metric_tables()))
+    used: set[str] = set()
+    for group in rules_document(load(learned))["groups"]:
+        for rule in group["rules"]:
+            used |= promql_metric_names(rule["expr"])
+    for doc in dashboards.build("pull").values():
+        for panel in doc["panels"]:
+            used |= promql_metric_names(panel["targets"][0]["expr"])
+    assert used and used <= exposed, sorted(used - exposed)
+
+
+# ------------------------------------------------------- OTLP path: VictoriaMetrics
+# Panels whose metrics come only from the torch/vLLM instrumentations or checkpoints,
+# which the OTLP demo (runtime steps and requests, simulated GPUs) does not produce.
+_NOT_IN_OTLP_DEMO = {
+    "Data-wait share",
+    "Comm-wait share",
+    "Checkpoint p95",
+    "Queued requests",
+    "KV-cache usage",
+}
+
+
+def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> None:
+    import urllib.parse
+    import urllib.request
+
+    binary = require_binaries("victoria-metrics")["victoria-metrics"]
+    port = free_port()
+    vm = subprocess.Popen(
+        [
+            binary,
+            f"-httpListenAddr=127.0.0.1:{port}",
+            f"-storageDataPath={tmp_path / 'vm'}",
+            "-retentionPeriod=1d",
+            "-search.latencyOffset=1s",
+            "-opentelemetry.usePrometheusNaming",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def query(expr: str) -> list[Any]:
+        params = urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(f"{url}/api/v1/query?{params}", timeout=5) as r:
+            return list(json.loads(r.read())["data"]["result"])
+
+    try:
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        assert wait_until(healthy, 15)
+        demo = Path(__file__).with_name("otlp_demo.py")
+        run = subprocess.run(
+            [sys.executable, str(demo), f"{url}/opentelemetry", "5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        xid = metric_name("otelgpu.gpu.xid", "otlp")
+        assert wait_until(lambda: query(xid), 15), f"no {xid} in VictoriaMetrics"
+        counts, empty = {}, set()
+        by_title = {p.title: p for p in dashboards.PANELS}
+        for file_name, doc in dashboards.build("otlp").items():
+            for panel in doc["panels"]:
+                n = len(query(panel["targets"][0]["expr"]))
+                counts[f"{file_name}: {panel['title']}"] = n
+                if n == 0:
+                    empty.add(panel["title"])
+                assert panel["fieldConfig"]["defaults"]["unit"] == by_title[panel["title"]].unit
+    finally:
+        vm.terminate()
+        vm.wait(10)
+    print("\n".join(f"{k}: {v} series" for k, v in sorted(counts.items())))
+    assert empty == _NOT_IN_OTLP_DEMO, sorted(empty ^ _NOT_IN_OTLP_DEMO)

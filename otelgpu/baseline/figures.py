@@ -11,11 +11,13 @@ fractions are capped at ``cap``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from otelgpu.baseline.names import metric_name
+from otelgpu.baseline.names import metric_name, spec
+from otelgpu.metrics.spec import Kind
 
-__all__ = ["FIGURES", "Figure", "figure"]
+__all__ = ["FIGURES", "Figure", "figure", "series_name"]
 
 
 @dataclass(frozen=True)
@@ -46,17 +48,30 @@ class Figure:
             t = reference * (1.0 - self.margin) if self.relative else reference - self.margin
         return min(t, self.cap) if self.cap is not None else t
 
-    def query(self, matchers: str = "", rate_window: str = "5m") -> str:
+    def query(self, matchers: str = "", rate_window: str = "5m", path: str = "pull") -> str:
         """The expression with ``matchers`` (``job="x",hw_name="y"``) on every selector,
-        and ``rate_window`` as the range of its rates."""
+        ``rate_window`` as the range of its rates, and the series names of data ``path``."""
         text = self.expr.replace("[5m]", f"[{rate_window}]")
+        if path != "pull":
+            for m in self.metrics:
+                pull, other = series_name(m, "pull"), series_name(m, path)
+                if pull != other:
+                    text = re.sub(rf"\b{pull}\b", other, text)
         text = text.replace("{$M}", "{" + matchers + "}")
         text = text.replace("$M", "," + matchers if matchers else "")
         return text.replace("{}", "")
 
 
+def series_name(name: str, path: str = "pull") -> str:
+    """The series a figure reads for catalog metric ``name`` on ``path``: a sketch's
+    quantile gauge (served on both paths), otherwise the metric's own name."""
+    if spec(name).kind is Kind.SKETCH:
+        return metric_name(name, "pull")
+    return metric_name(name, path)
+
+
 def _n(name: str) -> str:
-    return metric_name(name, "pull")
+    return series_name(name, "pull")
 
 
 _STEP = _n("otelgpu.train.step.duration")

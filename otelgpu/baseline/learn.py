@@ -19,10 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from otelgpu.baseline.figures import FIGURES, Figure
+from otelgpu.baseline.figures import FIGURES, Figure, series_name
 from otelgpu.baseline.history import PromHistory
 from otelgpu.baseline.model import BaselineFile, Entry
-from otelgpu.baseline.names import metric_name
 
 __all__ = [
     "InsufficientHistory",
@@ -112,8 +111,8 @@ def _shortfall(
     )
 
 
-def _looked_for() -> str:
-    names = sorted({metric_name(m) for f in FIGURES for m in f.metrics})
+def _looked_for(path: str) -> str:
+    names = sorted({series_name(m, path) for f in FIGURES for m in f.metrics})
     return ", ".join(names)
 
 
@@ -125,11 +124,14 @@ def learn_prometheus(
     step_s: float | None = None,
     requirements: Requirements = Requirements(),
     keep_values: dict[tuple[str, str], list[tuple[float, float]]] | None = None,
+    path: str = "pull",
 ) -> BaselineFile:
     """Learn from the store behind ``history`` over ``[end - window_s, end]``.
 
     ``step_s`` defaults to window / 2000, at least 15 s. ``keep_values`` (optional) gets
     each learned series' points, keyed ``(figure id, label text)`` (``tighten`` uses them).
+    ``path``: the store's naming (``pull``: scraped from the pull endpoint; ``otlp``: OTLP
+    with Prometheus naming), kept in the file for the rules.
     Raises :class:`InsufficientHistory`, or ``StoreError`` when the store cannot answer.
     """
     end = time.time() if end is None else end
@@ -140,7 +142,7 @@ def learn_prometheus(
     problems: list[str] = []
     absent: list[str] = []
     for fig in FIGURES:
-        series = history.range(fig.query(), start, end, step)
+        series = history.range(fig.query(path=path), start, end, step)
         series = [s for s in series if s.points]
         if not series:
             absent.append(fig.id)
@@ -160,7 +162,7 @@ def learn_prometheus(
             [
                 f"no otelgpu metrics in {history.url} over the {_human(window_s)} window "
                 f"ending {_dt.datetime.fromtimestamp(end, _dt.timezone.utc):%Y-%m-%d %H:%M} "
-                f"UTC (looked for {_looked_for()})"
+                f"UTC (looked for {_looked_for(path)})"
             ]
         )
     if problems:
@@ -168,6 +170,7 @@ def learn_prometheus(
     return BaselineFile(
         source={
             "kind": "prometheus",
+            "path": path,
             "url": history.url,
             "start": start,
             "end": end,

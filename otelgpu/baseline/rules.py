@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otelgpu.baseline.figures import Figure, figure
+from otelgpu.baseline.figures import Figure, figure, series_name
 from otelgpu.baseline.model import BaselineFile, Entry
 from otelgpu.baseline.names import metric_name
 
@@ -115,7 +115,8 @@ def rule_for(
     window = source.get("window_s", 0) / 86400
     return {
         "alert": fig.alert,
-        "expr": f"({fig.query(matchers(e.labels), rate_window)}) {op} {e.threshold:.6g}",
+        "expr": f"({fig.query(matchers(e.labels), rate_window, source.get('path', 'pull'))}) "
+        f"{op} {e.threshold:.6g}",
         "for": for_override or fig.for_,
         # The key label keeps two keys' rules distinct (promtool lints duplicates).
         "labels": {
@@ -178,7 +179,9 @@ def rules_yaml(
 
 
 # ----------------------------------------------------------------------- promtool tests
-def _series(fig: Figure, labels: dict[str, str], value: float) -> list[dict[str, str]]:
+def _series(
+    fig: Figure, labels: dict[str, str], value: float, path: str = "pull"
+) -> list[dict[str, str]]:
     """Input series (1m interval, 30 points) on which the figure's expression is ``value``."""
     sel = dict(labels)
     if "hw_name" in sel:
@@ -189,7 +192,9 @@ def _series(fig: Figure, labels: dict[str, str], value: float) -> list[dict[str,
         body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted({**sel, **extra}.items()))
         return {"series": f"{name}{{{body}}}", "values": values}
 
-    n = metric_name
+    def n(name: str) -> str:
+        return series_name(name, path)
+
     if fig.id in ("train_step_p95", "train_checkpoint_p95"):
         name = (
             "otelgpu.train.step.duration"
@@ -287,7 +292,9 @@ def tests_document(
                     "name": f"{fig.alert} {'fires' if fires else 'quiet'} "
                     f"({matchers(e.labels)}, value {value:.6g})",
                     "interval": "1m",
-                    "input_series": _series(fig, e.labels, value),
+                    "input_series": _series(
+                        fig, e.labels, value, baseline.source.get("path", "pull")
+                    ),
                     "alert_rule_test": [
                         {"eval_time": eval_time, "alertname": fig.alert, "exp_alerts": expected}
                     ],

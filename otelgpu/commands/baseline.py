@@ -43,6 +43,13 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--window", default="7d", help="history window (default 7d)")
     p.add_argument("--step", help="query resolution (default window/2000, >= 15s)")
+    p.add_argument(
+        "--path",
+        choices=("pull", "otlp"),
+        default="pull",
+        help="how the store got the metrics: scraped from otelgpu's pull endpoint "
+        "(default) or OTLP with Prometheus naming (VictoriaMetrics, Mimir)",
+    )
     p.add_argument("--end", type=float, help="window end, unix seconds (default now)")
     p.add_argument(
         "--min-coverage",
@@ -115,6 +122,7 @@ def _learn_store(args: argparse.Namespace, keep: Any = None) -> Any:
         step_s=parse_duration(args.step) if args.step else None,
         requirements=_requirements(args),
         keep_values=keep,
+        path=args.path,
     )
 
 

@@ -604,8 +604,64 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
                 if n == 0:
                     empty.add(panel["title"])
                 assert panel["fieldConfig"]["defaults"]["unit"] == by_title[panel["title"]].unit
+        # The same store, read by `baseline learn --path otlp` (a few seconds of history,
+        # with requirements to match), and its rules accepted by promtool.
+        out = tmp_path / "otlp-baseline.json"
+        learned = cli(
+            "baseline",
+            "learn",
+            "--url",
+            url,
+            "--path",
+            "otlp",
+            "--window",
+            "8s",
+            "--step",
+            "1s",
+            "--min-coverage",
+            "0.1",
+            "--min-samples",
+            "2",
+            "--out",
+            str(out),
+        )
+        assert learned.returncode == 0, learned.stdout + learned.stderr
     finally:
         vm.terminate()
         vm.wait(10)
     print("\n".join(f"{k}: {v} series" for k, v in sorted(counts.items())))
     assert empty == _NOT_IN_OTLP_DEMO, sorted(empty ^ _NOT_IN_OTLP_DEMO)
+    baseline = load(out)
+    assert baseline.source["path"] == "otlp"
+    figures = {e.figure for e in baseline.entries}
+    assert {
+        "train_step_p95",
+        "inference_request_p99",
+        "inference_ttft_p99",
+        "inference_error_rate",
+        "train_gpu_utilization",
+        "health_memory_usage",
+    } <= figures
+    rules = tmp_path / "otlp-rules.yml"
+    assert (
+        cli(
+            "baseline",
+            "rules",
+            str(out),
+            "--out",
+            str(rules),
+            "--tests",
+            str(tmp_path / "otlp-rules.test.yml"),
+        ).returncode
+        == 0
+    )
+    assert metric_name("hw.gpu.utilization", "otlp") in rules.read_text()
+    promtool = require_binaries("promtool")["promtool"]
+    for args in (
+        ("check", "rules", str(rules)),
+        ("test", "rules", str(tmp_path / "otlp-rules.test.yml")),
+    ):
+        check = subprocess.run(
+            [promtool, *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert check.returncode == 0, check.stdout[-3000:] + check.stderr

@@ -186,13 +186,14 @@ def start_store(
     config: dict[str, object],
     data: Path | None = None,
     extra: tuple[str, ...] = (),
+    port: int | None = None,
 ) -> PrometheusServer:
     """A real Prometheus with ``config`` (dict, written as JSON) and ``data`` (or empty)."""
     binary = require_binaries("prometheus")["prometheus"]
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "prometheus.yml"
     path.write_text(json.dumps(config))
-    port = free_port()
+    port = port or free_port()
     with open(directory / "prometheus.log", "wb") as log:
         process = subprocess.Popen(
             [

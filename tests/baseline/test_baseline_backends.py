@@ -282,12 +282,8 @@ def test_baseline_refuses_a_store_without_the_metrics(tmp_path: Path) -> None:
             {"job_name": "self", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
         ],
     }
-    store = start_store(tmp_path, config, extra=())
+    store = start_store(tmp_path, config, port=port)
     try:
-        # the self-scrape points at a free port chosen above; point it at the store itself
-        config["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{store.port}"]  # type: ignore[index]
-        (tmp_path / "prometheus.yml").write_text(json.dumps(config))
-        subprocess.run(["kill", "-HUP", str(store.process.pid)], check=True)
         assert wait_until(lambda: store.query("up == 1"), 15)
         result = cli(
             "baseline",

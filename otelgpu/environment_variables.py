@@ -195,10 +195,10 @@ Keyword: ``verdict_log``."""
 
 OTELGPU_BASELINE = "OTELGPU_BASELINE"
 """Path of a baseline file (``otelgpu baseline learn --recording ...``; format in
-``docs/baseline.md``). When set, the step-time drift detector compares each window with
-the file's recorded step-time distribution instead of the run's own start. A file that
-cannot be read or holds no step-time distribution fails ``instrument()``. Keyword:
-``baseline``."""
+``docs/baseline.md``). When set, the drift detectors (training step time; serving TTFT
+and request duration) compare each window with the file's recorded distributions instead
+of the run's own start. A file that cannot be read or holds no recorded distribution fails
+``instrument()``. Keyword: ``baseline``."""
 
 # --- export path (otelgpu.otel)
 

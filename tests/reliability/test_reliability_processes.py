@@ -153,7 +153,8 @@ def test_os_exit_in_child(probe: Any, tmp_path: Path) -> None:
         f"""
         import os, time, otelgpu
         otelgpu.instrument(exporters="recording", recording_dir={str(tmp_path)!r}, gpu=False,
-                           frameworks="none", span_schedule_delay_ms=10)
+                           frameworks="none", span_schedule_delay_ms=10,
+                           step_spans_per_second=0)  # every step span: they are counted
         for _ in range(20):
             with otelgpu.step():
                 pass
@@ -263,7 +264,10 @@ def test_signal_during_export(probe: Any, tmp_path: Path, signame: str) -> None:
         else "flush on SIGTERM (no issue yet; proposed in the issue 18 closing note)",
     )
     receiver = OtlpReceiver().start()
-    settings = otlp_settings(receiver.grpc_endpoint, span_schedule_delay_ms=5000)
+    # every step span kept (no tail sampling): the probe counts them
+    settings = otlp_settings(
+        receiver.grpc_endpoint, span_schedule_delay_ms=5000, step_spans_per_second=0
+    )
     code = f"""
         import otelgpu, signal, time, sys
         # a background pytest may run with SIGINT ignored, which this child would inherit

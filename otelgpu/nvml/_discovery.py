@@ -1,6 +1,6 @@
 """Which GPUs this process samples, by UUID.
 
-NVML ignores ``CUDA_VISIBLE_DEVICES`` and numbers GPUs its own way (``nvml.md`` §8),
+NVML ignores ``CUDA_VISIBLE_DEVICES`` and numbers GPUs its own way (by PCI bus id),
 so the process's view is rebuilt here the way CUDA builds it:
 
 1. order the physical GPUs as CUDA does: by PCI bus id when

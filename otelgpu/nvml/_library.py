@@ -9,7 +9,7 @@ that is:
 2. else ``OTELGPU_NVML_LIBRARY``;
 3. else the bare soname ``libnvidia-ml.so.1`` (normal loader search, as pynvml does).
 
-pynvml has no path setting (``nvml.md`` §2), so :func:`pynvml_module` pre-seeds
+pynvml has no library-path setting (it dlopens the bare soname), so :func:`pynvml_module` pre-seeds
 ``pynvml.nvmlLib`` with a ``ctypes.CDLL`` of the chosen path before pynvml's first
 ``nvmlInit``. glibc matches a later ``dlopen("libnvidia-ml.so.1")`` to that object by
 its soname, so pynvml and the native twin share one library (and one simulator state).

@@ -72,7 +72,7 @@ OFF_GPM_NO_PERMISSION = 1001
 #: ApplicationsClocksSetting, SyncBoost or DisplayClockSetting).
 THROTTLE_MASK = 0x6EC
 
-#: The energy counter refreshes about every 100 ms (nvml.md §7): windows whose
+#: The energy counter refreshes about every 100 ms on current drivers: windows whose
 #: bracketing samples span less use power x time.
 ENERGY_MIN_SPAN_NS = 100_000_000
 

@@ -1,6 +1,7 @@
 """C ABI details pynvml hides: two-call size queries, short buffers, NULL arguments.
 
-Calls go straight through ctypes with pynvml's own struct declarations (nvml.md §4, §5).
+Calls go straight through ctypes with pynvml's own struct declarations (the layouts
+in src_ext/common/nvml_abi.h).
 """
 
 from __future__ import annotations

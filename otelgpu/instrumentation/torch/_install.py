@@ -25,7 +25,7 @@ from otelgpu.instrumentation.torch._steps import StepTracker
 
 __all__ = ["COLLECTIVES", "Installation", "on_import"]
 
-#: ``torch.distributed`` functions wrapped, where they exist (torch.md §3).
+#: ``torch.distributed`` functions wrapped, where they exist (older torch lacks some).
 COLLECTIVES = (
     "all_reduce",
     "all_gather",

@@ -10,7 +10,7 @@ Every wrapper follows the same contract:
 * re-entrant calls (``all_gather_object`` calling ``all_gather``, DCP calling
   ``torch.save`` once per tensor) are counted once, at the outermost call, per thread.
 
-Factories are named after the callable they wrap (style.md §5).
+Factories are named after the callable they wrap, so a traceback names what was wrapped.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def optimizer_hooks(
     """Global optimizer step (pre, post) hooks feeding ``tracker``.
 
     Under Dynamo tracing they return at once: Python side effects in a traced hook
-    would be guarded on and recompile every call (``torch.md`` §1.2). The post-hook
+    would be guarded on and recompile every call. The post-hook
     first notes, at trace time only (``comptime``), that an optimizer step is being
     compiled into the graph of the current compiled call (:func:`compiled_function`).
     """
@@ -230,7 +230,7 @@ def grad_scaler_step(
     """``GradScaler.step``: a call in which the optimizer did not step was skipped.
 
     On inf/NaN gradients GradScaler skips ``optimizer.step()``, so no optimizer hook
-    fires (``torch.md`` §1.2); this reports the skipped step so it is counted.
+    fires (it returns before calling the optimizer); this reports the skipped step so it is counted.
     """
 
     def factory(wrapped: AnyFn) -> AnyFn:
@@ -363,7 +363,7 @@ def torch_compile(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
 def dataloader_next(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
     """``_BaseDataLoaderIter.__next__``: the time the loop waited for a batch.
 
-    The epoch-end ``StopIteration`` is not counted (``torch.md`` §2).
+    The epoch-end ``StopIteration`` is not counted (it is the loader's end, not a wait).
     """
     clock = tracker.clock
 
@@ -473,8 +473,8 @@ def collective(
 
     With ``async_op=True`` this is the launch; the wait is measured by ``work_wait``.
     On gloo the host time is the real wait; on NCCL it is about the launch time
-    (``torch.md`` §3) — documented, not hidden. With ``gpu``, a collective on a CUDA
-    tensor also gets a pair of CUDA timing events around it (``_cuda_events``), never a
+    (NCCL collectives are asynchronous on the host) — documented in
+    docs/metrics-torch.md. With ``gpu``, a collective on a CUDA tensor also gets a pair of CUDA timing events around it (``_cuda_events``), never a
     synchronisation unless that timer was built with ``sync``.
     """
     clock = tracker.clock

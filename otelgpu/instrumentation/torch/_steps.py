@@ -9,7 +9,7 @@ or changes, and carried by every step span as ``otelgpu.train.step.rule``):
 
 * ``optimizer`` -- a step (one training iteration) ends at the post-hook of the
   **anchor** optimizer: the least frequently stepping optimizer among the last ``window``
-  optimizer steps; on a tie, the one that stepped most recently (``torch.md`` §1.4). One
+  optimizer steps; on a tie, the one that stepped most recently (the generator in a GAN). One
   optimizer: every step. Gradient accumulation: the optimizer steps once per N backward
   calls. GAN (D and G): G anchors. WGAN with ``n_critic=5``: G anchors. Nested optimizers
   (ZeRO wrappers, the inner one fires first): the outer one wins the tie.

@@ -474,8 +474,9 @@ def collective(
     With ``async_op=True`` this is the launch; the wait is measured by ``work_wait``.
     On gloo the host time is the real wait; on NCCL it is about the launch time
     (NCCL collectives are asynchronous on the host) — documented in
-    docs/metrics-torch.md. With ``gpu``, a collective on a CUDA tensor also gets a pair of CUDA timing events around it (``_cuda_events``), never a
-    synchronisation unless that timer was built with ``sync``.
+    docs/metrics-torch.md. With ``gpu``, a collective on a CUDA tensor also gets a pair
+    of CUDA timing events around it (``_cuda_events``), never a synchronisation unless
+    that timer was built with ``sync``.
     """
     clock = tracker.clock
     is_compiling = _is_compiling_fn()

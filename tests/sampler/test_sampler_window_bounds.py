@@ -1,4 +1,4 @@
-"""Review regressions: query methods never raise on odd time bounds, the twins agree on
+"""Window and query bounds: query methods never raise on odd time bounds, the twins agree on
 them, the native window never overflows int64, native device indices are bounds-checked."""
 
 from __future__ import annotations

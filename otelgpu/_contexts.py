@@ -129,7 +129,7 @@ class StepContext(_SpanScope):
     counted in ``otelgpu.internal.rejected``, never raised.
     """
 
-    __slots__ = ("attributes", "samples", "step", "tokens")
+    __slots__ = ("attributes", "flops", "samples", "step", "tokens")
 
     _where = "step"
 
@@ -140,8 +140,10 @@ class StepContext(_SpanScope):
         *,
         step: int | None = None,
         attributes: Mapping[str, Any] | None = None,
+        flops: float | None = None,
     ) -> None:
         super().__init__()
+        self.flops = flops
         self.samples = samples
         self.tokens = tokens
         self.step = step
@@ -163,6 +165,7 @@ class StepContext(_SpanScope):
                 tokens=self.tokens,
                 attributes=self.attributes,
                 failed=exc,
+                flops=self.flops,
             ),
         )
 
@@ -173,9 +176,14 @@ def step(
     *,
     step: int | None = None,
     attributes: Mapping[str, Any] | None = None,
+    flops: float | None = None,
 ) -> StepContext:
-    """A training step (context manager, sync or async); see :class:`StepContext`."""
-    return StepContext(samples, tokens, step=step, attributes=attributes)
+    """A training step (context manager, sync or async); see :class:`StepContext`.
+
+    ``flops``: model FLOPs of the step (e.g. from ``otelgpu.gpu_truth.flops``), for
+    ``otelgpu.train.mfu``.
+    """
+    return StepContext(samples, tokens, step=step, attributes=attributes, flops=flops)
 
 
 # ============================================================================ request

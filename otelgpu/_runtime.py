@@ -31,6 +31,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
 
 from otelgpu._settings import Settings
+from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics import catalog
 from otelgpu.metrics.instruments import Callback, Instruments
 from otelgpu.metrics.spec import MetricSpec
@@ -105,13 +106,20 @@ class Runtime:
         #: Work instrumentors move off the host's loop (spans of finished vLLM requests).
         self.deferred = DeferredWork(self.stats, where="deferred telemetry")
         self.health = HealthMonitor(self.gpu, self.report_error)
-        self.steps = StepRecorder(self.tracer, self.instrument, self.gpu, self.stats)
+        work = WorkAccounting(
+            self.instrument,
+            self.gpu.device_names,
+            peak_flops=settings.peak_flops,
+            dtype=settings.mfu_dtype,
+        )
+        self.steps = StepRecorder(self.tracer, self.instrument, self.gpu, self.stats, work)
         self.requests = RequestRecorder(
             self.tracer,
             self.instrument,
             self.gpu,
             self.stats,
             attribute_value_length_limit=settings.attribute_value_length_limit,
+            work=work,
         )
         if sampler is not None:
             self.instrument(catalog.GPU_HEALTH_EVENTS, self.health.observe)

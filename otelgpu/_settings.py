@@ -20,6 +20,7 @@ from typing import Any
 from otelgpu import environment_variables as ev
 from otelgpu._flags import parse_bool
 from otelgpu.errors import ConfigurationError
+from otelgpu.gpu_truth.peaks import DTYPES as MFU_DTYPES
 
 _log = logging.getLogger("otelgpu")
 
@@ -74,6 +75,8 @@ class Settings:
     gpu: bool = True
     devices: tuple[str, ...] | None = None
     step_devices: str | tuple[str, ...] = "auto"
+    peak_flops: float | None = None
+    mfu_dtype: str = "bf16"
     sample_interval_ms: int = 100
     sampler_history_s: float = 600.0
     gpu_startup_wait_ms: int = 500
@@ -373,6 +376,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("step_devices", ev.OTELGPU_STEP_DEVICES, None, _step_devices,
             "auto, all, none, or a comma list of CUDA indices or GPU UUIDs",
             "GPUs whose context training step spans carry (auto: those the process uses)."),
+    Setting("peak_flops", ev.OTELGPU_PEAK_FLOPS, None,
+            _float_range(0.0, 1e21, lo_open=True, hi_open=False),
+            "a number of FLOP/s per GPU in (0, 1e21]",
+            "Peak FLOP/s of one GPU for MFU (default: the table for the GPU's model)."),
+    Setting("mfu_dtype", ev.OTELGPU_MFU_DTYPE, None, _choice(MFU_DTYPES), " or ".join(MFU_DTYPES),
+            "Dtype column of the peak FLOP/s table MFU divides by."),
     Setting("sample_interval_ms", ev.OTELGPU_SAMPLE_INTERVAL_MS, None, _int_range(1, 60_000),
             "an integer in [1, 60000] (milliseconds)", "GPU sampling period."),
     Setting("sampler_history_s", ev.OTELGPU_SAMPLER_HISTORY_S, None,

@@ -22,6 +22,8 @@ MAX_COUNT = 2**53
 2**10 such calls still fit the signed 64-bit integers OTLP carries."""
 
 MAX_DURATION_S = 31_536_000.0
+MAX_FLOPS = 1e24
+"""Largest FLOPs per step accepted (counts of a step exceed 2**53 on large models)."""
 """Largest duration accepted, in seconds (one year)."""
 
 
@@ -73,4 +75,16 @@ def duration(value: object, field: str, stats: Rejecter | None) -> float | None:
     return None
 
 
-__all__ = ["MAX_COUNT", "MAX_DURATION_S", "Rejecter", "count", "duration"]
+def flops(value: object, field: str, stats: Rejecter | None) -> float | None:
+    """``value`` if it is a FLOP count in ``[0, MAX_FLOPS]``, else ``None`` (counted)."""
+    if value is None:
+        return None
+    reason = _reason(value, MAX_FLOPS)
+    if reason is not None:
+        if stats is not None:
+            stats.add_rejected(field, reason)
+        return None
+    return float(value)  # type: ignore[arg-type]
+
+
+__all__ = ["MAX_COUNT", "MAX_DURATION_S", "MAX_FLOPS", "Rejecter", "count", "duration", "flops"]

@@ -107,6 +107,15 @@ OTELGPU_STEP_DEVICES = "OTELGPU_STEP_DEVICES"
 current device; none while torch has not initialised CUDA, e.g. a CPU-only run), ``all`` (every
 sampled GPU), ``none``, or a comma list of CUDA indices or GPU UUIDs."""
 
+OTELGPU_PEAK_FLOPS = "OTELGPU_PEAK_FLOPS"
+"""Peak FLOP/s of one GPU, the denominator of ``otelgpu.train.mfu`` (a number > 0, e.g.
+``989e12``). Default: the documented table of ``otelgpu.gpu_truth.peaks`` for the GPU's model
+and ``OTELGPU_MFU_DTYPE``; set it for a GPU the table lacks or a different clock."""
+
+OTELGPU_MFU_DTYPE = "OTELGPU_MFU_DTYPE"
+"""Dtype column of the peak FLOP/s table MFU divides by: ``bf16`` (default), ``fp16``, ``fp8``,
+``tf32`` or ``fp32``."""
+
 OTELGPU_SAMPLE_INTERVAL_MS = "OTELGPU_SAMPLE_INTERVAL_MS"
 """GPU sampling period, milliseconds (default 100)."""
 

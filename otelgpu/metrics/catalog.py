@@ -455,6 +455,64 @@ GPU_HEALTH_EVENTS = MetricSpec(
     ("otelgpu.gpu.event", "hw.id"),
 )
 
+# MFU and energy per unit of work (otelgpu.gpu_truth.work).
+TRAIN_MFU = MetricSpec(
+    "otelgpu.train.mfu",
+    _SKETCH,
+    "1",
+    "Model FLOPs utilization of a step: model FLOPs / (duration x peak FLOP/s of its GPUs).",
+    Area.RUNTIME,
+    _STEP_ATTRS,
+)
+TRAIN_MFU_MISMATCHES = MetricSpec(
+    "otelgpu.train.mfu.mismatches",
+    _COUNTER,
+    "{step}",
+    "Steps whose MFU and GPM tensor activity disagree sharply, by reason.",
+    Area.RUNTIME,
+    (*_STEP_ATTRS, "otelgpu.train.mfu.mismatch.reason"),
+)
+TRAIN_STEP_ENERGY = MetricSpec(
+    "otelgpu.train.step.energy",
+    _SKETCH,
+    "J",
+    "GPU energy of one training step (energy counter; integrated power without one).",
+    Area.RUNTIME,
+    _STEP_ATTRS,
+)
+TRAIN_ENERGY_PER_SAMPLE = MetricSpec(
+    "otelgpu.train.energy.per_sample",
+    _SKETCH,
+    "J/{sample}",
+    "GPU energy of a training step per sample.",
+    Area.RUNTIME,
+    _STEP_ATTRS,
+)
+TRAIN_ENERGY_PER_TOKEN = MetricSpec(
+    "otelgpu.train.energy.per_token",
+    _SKETCH,
+    "J/{token}",
+    "GPU energy of a training step per token.",
+    Area.RUNTIME,
+    _STEP_ATTRS,
+)
+REQUEST_ENERGY = MetricSpec(
+    "otelgpu.inference.request.energy",
+    _SKETCH,
+    "J",
+    "GPU energy while a request ran (shared with the requests batched alongside it).",
+    Area.RUNTIME,
+    _GEN_AI,
+)
+ENERGY_PER_OUTPUT_TOKEN = MetricSpec(
+    "otelgpu.inference.energy.per_output_token",
+    _SKETCH,
+    "J/{token}",
+    "GPU energy while a request ran per output token.",
+    Area.RUNTIME,
+    _GEN_AI,
+)
+
 RUNTIME_METRICS: tuple[MetricSpec, ...] = (
     TRAIN_STEP_DURATION,
     TRAIN_SAMPLES,
@@ -467,6 +525,13 @@ RUNTIME_METRICS: tuple[MetricSpec, ...] = (
     REQUESTS,
     OUTPUT_TOKENS,
     GPU_HEALTH_EVENTS,
+    TRAIN_MFU,
+    TRAIN_MFU_MISMATCHES,
+    TRAIN_STEP_ENERGY,
+    TRAIN_ENERGY_PER_SAMPLE,
+    TRAIN_ENERGY_PER_TOKEN,
+    REQUEST_ENERGY,
+    ENERGY_PER_OUTPUT_TOKEN,
 )
 """Step and request metrics (``otelgpu.step()``, ``otelgpu.request()``, the instrumentors)."""
 

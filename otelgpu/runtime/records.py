@@ -32,6 +32,7 @@ class StepRecord:
     Attributes:
         step: the step number (default: the runtime's next one).
         samples, tokens: processed in the step (counters and throughput attributes).
+        flops: model FLOPs of the step (``otelgpu.train.mfu``; ``otelgpu.gpu_truth``).
         attributes: added to the span and to every step metric.
         span_attributes: added to the span only.
         devices: GPU UUIDs the GPU context is restricted to (default: every sampled GPU).
@@ -49,6 +50,7 @@ class StepRecord:
     span_attributes: Mapping[str, Any] | None = None
     devices: Sequence[str] | None = None
     name: str | None = None
+    flops: float | None = None
     context: Context | None = None
     failed: BaseException | None = None
 

@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from otelgpu import _values
+from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics import catalog
 from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.counters import LocalCounter
@@ -124,8 +125,10 @@ class RequestRecorder:
         stats: InternalStats,
         *,
         attribute_value_length_limit: int,
+        work: WorkAccounting | None = None,
     ) -> None:
         self._tracer = tracer
+        self._work = work or WorkAccounting(instrument, gpu.device_names)
         self._gpu = gpu
         self._stats = stats
         self._limit = attribute_value_length_limit
@@ -193,6 +196,11 @@ class RequestRecorder:
                 ttft_s = max(first_token_ns - start_ns, 0) / 1e9
                 if output_tokens > 1:
                     tpot_s = max(end_ns - first_token_ns, 0) / 1e9 / (output_tokens - 1)
+            labels = self._labels(record, outcome, error_type, attributes)
+            # Energy per request and output token (otelgpu.gpu_truth.work): every request.
+            gpu = self._gpu
+            windows = gpu.windows(start_ns, end_ns, devices) if gpu.sampler is not None else {}
+            work = self._work.request(windows, output_tokens, labels.base)
             if span.is_recording():  # an unsampled span gets no attribute dict built
                 span_attrs: dict[str, Any] = {"otelgpu.request.outcome": outcome}
                 if ttft_s is not None:
@@ -213,9 +221,9 @@ class RequestRecorder:
                     span_attrs["gen_ai.response.model"] = record.response_model
                 if attributes:
                     span_attrs.update(attributes)
-                gpu = self._gpu
-                if gpu.sampler is not None:
-                    span_attrs.update(gpu.attributes(start_ns, end_ns, devices))
+                if windows:
+                    span_attrs.update(gpu.window_attributes(windows))
+                span_attrs.update(work)
                 span.set_attributes(span_attrs)
                 if gpu.sampler is not None:
                     gpu.add_events(span, start_ns, end_ns, devices)
@@ -223,7 +231,6 @@ class RequestRecorder:
                     span.record_exception(record.exception)
                 if outcome != "ok":
                     span.set_status(Status(StatusCode.ERROR, error_type or outcome))
-            labels = self._labels(record, outcome, error_type, attributes)
             _record(self.duration, duration_s, labels.duration, labels.duration_key)
             if labels.ok:
                 if ttft_s is not None:

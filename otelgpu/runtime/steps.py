@@ -16,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otelgpu import _values
+from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics import catalog
 from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.stats import InternalStats
@@ -72,8 +73,10 @@ class StepRecorder:
         instrument: Callable[[MetricSpec], Any],
         gpu: GpuContext,
         stats: InternalStats,
+        work: WorkAccounting | None = None,
     ) -> None:
         self._tracer = tracer
+        self._work = work or WorkAccounting(instrument, gpu.device_names)
         self._gpu = gpu
         self._stats = stats
         self._numbers = itertools.count(1)
@@ -114,13 +117,28 @@ class StepRecorder:
             attributes = record.attributes
             devices = record.devices
             duration_s = max(end_ns - start_ns, 0) / 1e9
-            if span.is_recording():  # an unsampled span gets no attribute dict built
+            # MFU and energy per unit of work (otelgpu.gpu_truth.work) need the window
+            # even for an unsampled span: their sketches cover every step.
+            gpu = self._gpu
+            windows = gpu.windows(start_ns, end_ns, devices) if gpu.sampler is not None else {}
+            flops = _values.flops(record.flops, "flops", stats)
+            recording = span.is_recording()
+            work = self._work.step(
+                span if recording else None,
+                windows,
+                duration_s,
+                samples,
+                tokens,
+                flops,
+                attributes or None,
+            )
+            if recording:  # an unsampled span gets no attribute dict built
                 attrs = step_attributes(duration_s, step, samples, tokens)
                 if attributes:
                     attrs.update(attributes)
-                gpu = self._gpu
-                if gpu.sampler is not None:
-                    attrs.update(gpu.attributes(start_ns, end_ns, devices))
+                if windows:
+                    attrs.update(gpu.window_attributes(windows))
+                attrs.update(work)
                 span.set_attributes(attrs)
                 if gpu.sampler is not None:
                     gpu.add_events(span, start_ns, end_ns, devices)

@@ -173,6 +173,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         telemetry = Telemetry(
             None if runtime is None else (lambda: runtime),
             span_every=settings.span_every,
+            flops_per_step=settings.flops_per_step,
             memory_factory=_memory_factory(settings),
         )
         gpu_timer = _gpu_timer(settings)

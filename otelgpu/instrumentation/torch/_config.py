@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from otelgpu._settings import Setting, _bool, _int_range, resolve_table
+from otelgpu._settings import Setting, _bool, _float_range, _int_range, resolve_table
 from otelgpu.errors import ConfigurationError
 from otelgpu.instrumentation.torch import environment_variables as ev
 
@@ -33,6 +33,7 @@ class TorchSettings:
     cuda_events: bool = True
     gpu_step_time: bool = False
     cuda_sync: bool = False
+    flops_per_step: float | None = None
 
 
 #: The settings table (the pattern of ``otelgpu._settings``): keyword, variable, parser.
@@ -47,6 +48,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Time each step on the GPU with CUDA events."),
     Setting("cuda_sync", ev.OTELGPU_TORCH_CUDA_SYNC, None, _bool, "true or false",
             "Synchronize to resolve CUDA events (exact, slower)."),
+    Setting("flops_per_step", ev.OTELGPU_TORCH_FLOPS_PER_STEP, None,
+            _float_range(0.0, 1e24, lo_open=True, hi_open=False),
+            "a number of FLOPs in (0, 1e24]", "Model FLOPs of one step (for MFU)."),
 )  # fmt: skip
 
 _HOOK_KEYWORDS = (("data", "data"), ("comm", "comm"), ("checkpoints", "checkpoint"))

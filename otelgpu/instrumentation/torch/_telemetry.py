@@ -149,6 +149,7 @@ class Telemetry:
             (measurements are dropped until a runtime exists); default
             ``otelgpu._runtime.current``.
         span_every: emit a span for every n-th step (metrics cover every step).
+        flops_per_step: model FLOPs of every step (``otelgpu.train.mfu``), or None.
         memory: a :class:`CudaMemory` reader, or None.
         ddp_modules: DDP modules whose own comm timing is read.
     """
@@ -158,6 +159,7 @@ class Telemetry:
         runtime: Callable[[], RuntimeAPI | None] | None = None,
         *,
         span_every: int = 1,
+        flops_per_step: float | None = None,
         memory_factory: Callable[[Callable[[dict[str, object]], None]], CudaMemory | None]
         | None = None,
         ddp_modules: Iterable[Any] = (),
@@ -165,6 +167,7 @@ class Telemetry:
         self._runtime_source = runtime or _current_runtime
         self._runtime: RuntimeAPI | None = None
         self.span_every = span_every
+        self.flops_per_step = flops_per_step
         self._memory_factory = memory_factory
         self.memory: CudaMemory | None = None
         self.ddp_modules = ddp_modules
@@ -473,6 +476,7 @@ class Telemetry:
             tokens=record.tokens,
             span_attributes=fields,
             devices=self._step_devices(rt, record.step),
+            flops=self.flops_per_step,
         )
         if sampled:
             span = rt.start_step_span(step)

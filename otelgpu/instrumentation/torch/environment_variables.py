@@ -38,3 +38,8 @@ OTELGPU_TORCH_CUDA_SYNC = "OTELGPU_TORCH_CUDA_SYNC"
 (``Event.synchronize()``) so its GPU duration is known at once. This blocks the training loop
 until the collective finished on the GPU: a diagnostic setting, never a default.
 Keyword: ``cuda_sync``."""
+
+OTELGPU_TORCH_FLOPS_PER_STEP = "OTELGPU_TORCH_FLOPS_PER_STEP"
+"""Model FLOPs of one optimizer step (a number > 0, e.g. ``6 * params * tokens_per_step`` or
+the count of ``otelgpu.gpu_truth.flops.count_flops``); enables ``otelgpu.train.mfu`` on step
+spans and its sketch. Keyword: ``flops_per_step``."""

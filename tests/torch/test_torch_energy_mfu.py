@@ -1,0 +1,82 @@
+"""Energy per step and MFU on a real torch loop (CPU torch, the real sampler over a
+simulated H100, the torch instrumentor's step rule): the steps' energy adds up to the
+sampler's energy window over the loop, and ``flops_per_step`` gives each step its MFU."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch  # the test command installs it: a missing torch must fail, not skip
+from torch_helpers import RuntimeHarness
+
+from otelgpu.instrumentation.torch import TorchInstrumentor, flush
+
+NODE = {
+    "version": 1,
+    "name": "torch-energy-1",
+    "gpus": {"count": 1, "model": "H100-SXM", "utilization": 90, "power_w": 500},
+}
+STEPS = 5
+FLOPS = 2e12
+
+
+@pytest.fixture
+def node(sim_scenario: Any) -> Iterator[Any]:
+    from otelgpu.sampler import GpuSampler
+
+    sim_scenario(NODE, clock="wall")
+    sampler = GpuSampler(interval_s=0.01)
+    sampler.start()
+    time.sleep(0.05)
+    try:
+        yield sampler
+    finally:
+        sampler.stop()
+
+
+def test_energy_per_step_is_the_samplers_window_over_steps(node: Any) -> None:
+    harness = RuntimeHarness(sampler=node, step_devices="all")
+    try:
+        harness.instrument(flops_per_step=FLOPS)
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(STEPS + 1):  # the first optimizer.step() opens the first step
+            model(torch.randn(4, 8)).sum().backward()
+            time.sleep(0.12)  # above the energy counter's 100 ms refresh
+            opt.step()
+        flush()
+        spans = sorted(harness.step_spans(), key=lambda s: s.start_time)
+        assert len(spans) >= STEPS - 1
+        (uuid,) = [d.uuid for d in node.devices]
+        first, last = spans[0].start_time, spans[-1].end_time
+        window = node.windows(first, last)[uuid]
+        assert window.energy_source == "counter"  # never power x time when the counter exists
+        energies = [dict(s.attributes)["otelgpu.gpu.energy"] for s in spans]
+        # Each step's energy is exactly the sampler's energy window of that step ...
+        for span, joules in zip(spans, energies, strict=True):
+            step_window = node.windows(span.start_time, span.end_time)[uuid]
+            assert step_window.energy_source == "counter"
+            assert joules == pytest.approx(step_window.energy_j, rel=1e-12)
+        # ... and, the steps being contiguous, energy per step is the loop's energy window
+        # over the steps. The sampler scales a counter delta to its window (the counter
+        # refreshes every ~100 ms), so the two agree to the simulated power's jitter.
+        assert [b.start_time - a.end_time for a, b in zip(spans, spans[1:], strict=False)] == [
+            0
+        ] * (len(spans) - 1)
+        assert sum(energies) / len(spans) == pytest.approx(window.energy_j / len(spans), rel=0.01)
+        for span in spans:
+            attrs = dict(span.attributes)
+            assert attrs["otelgpu.gpu.energy.source"] == "counter"
+            duration_s = (span.end_time - span.start_time) / 1e9
+            assert attrs["otelgpu.train.flops"] == FLOPS
+            assert attrs["otelgpu.train.mfu"] == pytest.approx(FLOPS / (duration_s * 989e12))
+        energy = harness.sketch("otelgpu.train.step.energy").merged()  # type: ignore[attr-defined]
+        assert energy.count == len(spans)
+        assert energy.sum == pytest.approx(sum(energies), rel=1e-9)
+        mfu = harness.sketch("otelgpu.train.mfu").merged()  # type: ignore[attr-defined]
+        assert mfu.count == len(spans)
+    finally:
+        TorchInstrumentor().uninstrument()

@@ -10,6 +10,7 @@ the script's own order statistics, and the counters the exact error and abort ra
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -137,6 +138,58 @@ def test_vllm_timeout_setting_turns_slow_requests_into_timeouts(
         if a.get("gen_ai.provider.name") == "vllm"
     }
     assert outcomes["timeout"] == expected == 30
+
+
+def test_vllm_replayed_energy_per_output_token_is_the_energy_window_over_tokens(
+    vllm_api: SimpleNamespace, instrumented: Callable[..., Instrumented]
+) -> None:
+    """Issue 12.4: each request's joules per output token is the sampler's energy window
+    of its span (its engine's GPUs, simulated) divided by its output tokens, with the
+    window's source (the energy counter, power integration only for windows too short for
+    it); the sketches hold the same values."""
+    run = instrumented()
+    sampler = run.runtime.sampler
+    time.sleep(0.3)  # the sampler covers the whole replay
+    requests = burst(30, seed=3, start=time.time())
+    time.sleep(max(r.end for r in requests) - time.time() + 0.2)
+    from otelgpu.instrumentation.vllm.stat_logger import OtelGpuStatLogger
+
+    logger = OtelGpuStatLogger(vllm_config(vllm_api), 0)
+    for b in batches(vllm_api, requests, with_scheduler_stats=False, ipc_s=IPC_S):
+        logger.record(b.scheduler_stats, b.iteration_stats, None, 0)
+    expected: dict[str, tuple[float | None, str | None]] = {}
+    per_token = run.runtime.instrument(catalog.ENERGY_PER_OUTPUT_TOKEN).merged()
+    request_energy = run.runtime.instrument(catalog.REQUEST_ENERGY).merged()
+    run.handle.force_flush()  # the spans reach the receiver; the sampler still runs
+    assert run.runtime_errors() == {}
+    spans = [s for s in run.spans() if "gen_ai.response.id" in _span_attrs(s)]
+    assert len(spans) == len(requests)
+    with_tokens = 0
+    for span in spans:
+        attrs = _span_attrs(span)
+        ids = attrs.get("otelgpu.gpu.ids") or [attrs["hw.id"]]
+        windows = sampler.windows(span.start_time_unix_nano, span.end_time_unix_nano)
+        joules = sum(windows[u].energy_j for u in ids)
+        sources = {windows[u].energy_source for u in ids}
+        expected[attrs["gen_ai.response.id"]] = (joules, sources.pop())
+        assert not sources  # one source for all the engine's GPUs
+        assert attrs["otelgpu.gpu.energy"] == pytest.approx(joules, rel=1e-12)
+        assert attrs["otelgpu.gpu.energy.source"] == expected[attrs["gen_ai.response.id"]][1]
+        tokens = attrs.get("gen_ai.usage.output_tokens", 0)
+        if tokens:
+            with_tokens += 1
+            assert attrs["otelgpu.request.energy.per_output_token"] == pytest.approx(
+                joules / tokens, rel=1e-12
+            )
+        else:
+            assert "otelgpu.request.energy.per_output_token" not in attrs
+    assert with_tokens > 20
+    assert request_energy.count == len(requests)
+    assert request_energy.sum == pytest.approx(sum(j for j, _ in expected.values()), rel=1e-9)
+    assert per_token.count == with_tokens
+    assert {s for _, s in expected.values()} <= {"counter", "power"}
+    assert "counter" in {s for _, s in expected.values()}
+    run.finish()
 
 
 def _span_attrs(span: Any) -> dict[str, Any]:

@@ -474,6 +474,7 @@ def _kpis_html(run: Run) -> str:
             kpis.append(_kpi("TTFT p50 / p99", f"{_ms(i.ttft[0])} / {_ms(i.ttft[2])}"))
         if i.joules_per_output_token:
             kpis.append(_kpi("energy / output token", f"{i.joules_per_output_token:.2f} J"))
+            kpis.append(_kpi("output tokens / J", f"{1 / i.joules_per_output_token:,.2f}"))
     kpis.append(_kpi("GPU health events", str(len(run.gpu_events))))
     return '<div class="kpis">' + "".join(kpis) + "</div>"
 

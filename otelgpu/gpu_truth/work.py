@@ -163,7 +163,9 @@ class WorkAccounting:
         metric_attrs: Mapping[str, Any] | None,
     ) -> None:
         values = [
-            v for w in windows.values() if (v := getattr(w, "tensor_activity_pct", None)) is not None
+            v
+            for w in windows.values()
+            if (v := getattr(w, "tensor_activity_pct", None)) is not None
         ]
         if not values:
             return

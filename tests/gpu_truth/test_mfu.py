@@ -4,6 +4,7 @@ of ``otelgpu.instrument()`` on the wall-clock simulator)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -27,13 +28,13 @@ WIDTHS = (64, 128, 256, 32)
 
 
 def _model() -> torch.nn.Module:
-    layers = [torch.nn.Linear(a, b) for a, b in zip(WIDTHS, WIDTHS[1:], strict=False)]
+    layers = [torch.nn.Linear(a, b) for a, b in itertools.pairwise(WIDTHS)]
     return torch.nn.Sequential(*layers)
 
 
 def _analytic_flops(batch: int) -> int:
     """2·B·in·out per layer forward; backward twice that (input and weight gradients)."""
-    return sum(3 * 2 * batch * a * b for a, b in zip(WIDTHS, WIDTHS[1:], strict=False))
+    return sum(3 * 2 * batch * a * b for a, b in itertools.pairwise(WIDTHS))
 
 
 def _train_step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +147,7 @@ def test_peak_override_and_mismatch_event(sim_scenario: Callable[..., sim.SimGpu
 
 
 def test_bad_peak_setting_fails_fast() -> None:
-    with pytest.raises(ConfigurationError, match="OTELGPU_PEAK_FLOPS|peak_flops"):
+    with pytest.raises(ConfigurationError, match=r"OTELGPU_PEAK_FLOPS|peak_flops"):
         otelgpu.instrument(exporters="none", gpu=False, peak_flops=-1)
-    with pytest.raises(ConfigurationError, match="mfu_dtype|OTELGPU_MFU_DTYPE"):
+    with pytest.raises(ConfigurationError, match=r"mfu_dtype|OTELGPU_MFU_DTYPE"):
         otelgpu.instrument(exporters="none", gpu=False, mfu_dtype="fp4")

@@ -4,6 +4,7 @@ sampler's energy window over the loop, and ``flops_per_step`` gives each step it
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -63,9 +64,9 @@ def test_energy_per_step_is_the_samplers_window_over_steps(node: Any) -> None:
         # ... and, the steps being contiguous, energy per step is the loop's energy window
         # over the steps. The sampler scales a counter delta to its window (the counter
         # refreshes every ~100 ms), so the two agree to the simulated power's jitter.
-        assert [b.start_time - a.end_time for a, b in zip(spans, spans[1:], strict=False)] == [
-            0
-        ] * (len(spans) - 1)
+        assert [b.start_time - a.end_time for a, b in itertools.pairwise(spans)] == [0] * (
+            len(spans) - 1
+        )
         assert sum(energies) / len(spans) == pytest.approx(window.energy_j / len(spans), rel=0.01)
         for span in spans:
             attrs = dict(span.attributes)

@@ -158,9 +158,9 @@ def test_vllm_replayed_energy_per_output_token_is_the_energy_window_over_tokens(
     for b in batches(vllm_api, requests, with_scheduler_stats=False, ipc_s=IPC_S):
         logger.record(b.scheduler_stats, b.iteration_stats, None, 0)
     expected: dict[str, tuple[float | None, str | None]] = {}
+    run.handle.force_flush()  # the spans reach the receiver; the sampler still runs
     per_token = run.runtime.instrument(catalog.ENERGY_PER_OUTPUT_TOKEN).merged()
     request_energy = run.runtime.instrument(catalog.REQUEST_ENERGY).merged()
-    run.handle.force_flush()  # the spans reach the receiver; the sampler still runs
     assert run.runtime_errors() == {}
     spans = [s for s in run.spans() if "gen_ai.response.id" in _span_attrs(s)]
     assert len(spans) == len(requests)

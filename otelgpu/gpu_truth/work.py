@@ -10,17 +10,18 @@ span attribute / sketch metric               unit   meaning
 ``otelgpu.train.step.energy`` (sketch)       J      the step's energy (span: ``otelgpu.gpu.energy``)
 ``otelgpu.train.energy.per_sample`` / same   J      energy / samples
 ``otelgpu.train.energy.per_token`` / same    J      energy / tokens
-``otelgpu.gpu.energy.source`` (span)         --     ``counter`` or ``power`` (integrated power)
 =========================================== ====== ==========================================
 
 Per inference request: ``otelgpu.inference.request.energy`` (sketch, J),
 ``otelgpu.request.energy.per_output_token`` (span) / ``otelgpu.inference.energy.per_output_token``
-(sketch), and ``otelgpu.gpu.energy.source``.
+(sketch).
 
-Energy is the sampler's window (``WindowStats.energy_j``): the difference of NVML's energy
-counter where the GPU has one, integrated power only where it does not
-(``energy_source``); summed over the step's or request's GPUs. A request's window is the
-GPUs' energy while it ran, shared with the requests batched alongside it.
+Everything is read from the span's GPU context (``GpuContext.attributes``: constant size
+for 1 or 8 GPUs): energy is ``otelgpu.gpu.energy``, the sampler's window summed over the
+step's or request's GPUs -- the difference of NVML's energy counter where the GPU has one,
+integrated power only where it does not, as ``otelgpu.gpu.energy.source`` says. A
+request's window is the GPUs' energy while it ran, shared with the requests batched
+alongside it.
 
 **MFU / tensor-activity disagreement.** Where GPM tensor activity ``a`` (fraction, mean
 over the GPUs) and MFU ``m`` are both known, a step is flagged (span event
@@ -49,20 +50,6 @@ from otelgpu.metrics.spec import MetricSpec
 MFU_ABOVE_MARGIN = 0.15
 BUSY_TENSOR = 0.4
 BUSY_RATIO = 4.0
-
-
-def energy_of(windows: Mapping[str, Any]) -> tuple[float | None, str | None]:
-    """Joules over the windows' GPUs and their source (``counter`` unless any is ``power``)."""
-    total = 0.0
-    source: str | None = None
-    for w in windows.values():
-        joules = getattr(w, "energy_j", None)
-        if joules is None:
-            continue
-        total += joules
-        this = getattr(w, "energy_source", None) or "counter"
-        source = "power" if "power" in (source, this) else this
-    return (total, source) if source is not None else (None, None)
 
 
 def mismatch_reason(mfu: float, tensor_activity: float) -> str | None:
@@ -106,27 +93,38 @@ class WorkAccounting:
         self._request_energy = instrument(catalog.REQUEST_ENERGY)
         self._per_output_token = instrument(catalog.ENERGY_PER_OUTPUT_TOKEN)
 
-    def peak(self, windows: Mapping[str, Any]) -> float | None:
-        """Peak FLOP/s of the windows' GPUs together (one GPU when there are none)."""
-        count = max(len(windows), 1)
+    def peak(self, context: Mapping[str, Any]) -> float | None:
+        """Peak FLOP/s of the context's GPUs together (one GPU without a GPU context)."""
+        count = int(context.get("otelgpu.gpu.count") or 1)
         if self.peak_override is not None:
             return self.peak_override * count
-        if not windows:
+        if "otelgpu.gpu.count" not in context:
             return None
         if self._names is None:
             self._names = dict(self._device_names())
+        names = self._names
+        one = context.get("hw.id")
+        listed = context.get("otelgpu.gpu.ids")
+        if one is not None:
+            models = [names.get(str(one), "")]
+        elif listed:
+            models = [names.get(str(u), "") for u in listed]
+        elif len(set(names.values())) == 1:  # all sampled GPUs, one model: the usual node
+            models = [next(iter(names.values()))] * count
+        else:
+            return None
         total = 0.0
-        for uuid in windows:
-            one = peaks.peak_flops(self._names.get(uuid, ""), self.dtype)
-            if one is None:
+        for name in models:
+            peak = peaks.peak_flops(name, self.dtype)
+            if peak is None:
                 return None
-            total += one
+            total += peak
         return total
 
     def step(
         self,
         span: Span | None,
-        windows: Mapping[str, Any],
+        context: Mapping[str, Any],
         duration_s: float,
         samples: float | None,
         tokens: float | None,
@@ -135,9 +133,8 @@ class WorkAccounting:
     ) -> dict[str, Any]:
         """Span attributes of one step; records the sketches; adds the mismatch event."""
         out: dict[str, Any] = {}
-        joules, source = energy_of(windows)
+        joules = context.get("otelgpu.gpu.energy")
         if joules is not None:
-            out["otelgpu.gpu.energy.source"] = source
             self._step_energy.record(joules, metric_attrs)
             if samples:
                 out["otelgpu.train.energy.per_sample"] = per = joules / samples
@@ -147,29 +144,23 @@ class WorkAccounting:
                 self._per_token.record(per, metric_attrs)
         if flops and duration_s > 0:
             out["otelgpu.train.flops"] = flops
-            peak = self.peak(windows)
+            peak = self.peak(context)
             if peak:
                 mfu = flops / (duration_s * peak)
                 out["otelgpu.train.mfu"] = mfu
                 self._mfu.record(mfu, metric_attrs)
-                self._check(span, mfu, windows, metric_attrs)
+                activity = context.get("otelgpu.gpu.tensor.activity")
+                if activity is not None:
+                    self._check(span, mfu, float(activity), metric_attrs)
         return out
 
     def _check(
         self,
         span: Span | None,
         mfu: float,
-        windows: Mapping[str, Any],
+        activity: float,
         metric_attrs: Mapping[str, Any] | None,
     ) -> None:
-        values = [
-            v
-            for w in windows.values()
-            if (v := getattr(w, "tensor_activity_pct", None)) is not None
-        ]
-        if not values:
-            return
-        activity = sum(values) / len(values) / 100.0
         reason = mismatch_reason(mfu, activity)
         if reason is None:
             return
@@ -187,15 +178,15 @@ class WorkAccounting:
 
     def request(
         self,
-        windows: Mapping[str, Any],
+        context: Mapping[str, Any],
         output_tokens: int,
         metric_attrs: Mapping[str, Any] | None,
     ) -> dict[str, Any]:
         """Span attributes of one request; records the energy sketches."""
-        joules, source = energy_of(windows)
+        joules = context.get("otelgpu.gpu.energy")
         if joules is None:
             return {}
-        out: dict[str, Any] = {"otelgpu.gpu.energy.source": source}
+        out: dict[str, Any] = {}
         self._request_energy.record(joules, metric_attrs)
         if output_tokens:
             out["otelgpu.request.energy.per_output_token"] = per = joules / output_tokens
@@ -203,4 +194,4 @@ class WorkAccounting:
         return out
 
 
-__all__ = ["WorkAccounting", "energy_of", "mismatch_reason"]
+__all__ = ["WorkAccounting", "mismatch_reason"]

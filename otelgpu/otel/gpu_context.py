@@ -11,6 +11,7 @@ attribute                              unit     meaning (over the window, all sa
 ``otelgpu.gpu.memory.utilization.mean`` 1       mean memory-controller utilization (fraction)
 ``otelgpu.gpu.memory.peak``            By       highest framebuffer memory used (max over GPUs)
 ``otelgpu.gpu.energy``                 J        energy consumed (sum over GPUs)
+``otelgpu.gpu.energy.source``          string   ``counter`` or ``power`` (integrated power)
 ``otelgpu.gpu.temperature.max``        Cel      highest GPU temperature sample
 ``otelgpu.gpu.throttled_fraction``     1        share of samples throttled (only when > 0)
 ``otelgpu.gpu.throttle_reasons``       string[] clock-throttle reasons seen
@@ -111,6 +112,9 @@ def window_attributes(windows: Mapping[str, Any]) -> dict[str, Any]:
             if not value and attribute in _SPARSE:
                 continue
             out[attribute] = int(value) if attribute in _INTEGER else value * scale
+    sources = {getattr(w, "energy_source", None) for _, w in stats} - {None}
+    if sources and "otelgpu.gpu.energy" in out:
+        out["otelgpu.gpu.energy.source"] = "power" if "power" in sources else "counter"
     reasons: set[str] = set()
     xids: set[int] = set()
     lost = False

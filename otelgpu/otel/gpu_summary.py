@@ -17,6 +17,8 @@ attribute                              unit     meaning (over the window)
 ``otelgpu.gpu.memory.utilization.mean`` 1       mean memory-controller utilization
 ``otelgpu.gpu.memory.peak``            By       highest memory used on any GPU
 ``otelgpu.gpu.energy``                 J        energy, sum over GPUs
+``otelgpu.gpu.energy.source``          --       ``counter`` (NVML energy counter) or ``power``
+                                                (integrated power, where any GPU lacks it)
 ``otelgpu.gpu.temperature.max``        Cel      hottest sample of any GPU
 ``otelgpu.gpu.samples``                1        samples behind the figures (sum over GPUs)
 ``hw.id``                              string   the GPU (one GPU)
@@ -100,6 +102,7 @@ class GpuSummarizer:
         mem_util_sum = 0.0
         peak = None
         energy = None
+        energy_power = False
         temp = None
         samples = 0
         tfrac_max = 0.0
@@ -134,6 +137,7 @@ class GpuSummarizer:
                 peak = raw[7]
             if valid & _ENERGY:
                 energy = raw[11] if energy is None else energy + raw[11]
+                energy_power = energy_power or not raw[12]  # integrated power, no counter
             if valid & _TEMP and (temp is None or raw[13] > temp):
                 temp = raw[13]
             tfrac = 0.0
@@ -162,6 +166,7 @@ class GpuSummarizer:
             out["otelgpu.gpu.memory.peak"] = int(peak)
         if energy is not None:
             out["otelgpu.gpu.energy"] = energy
+            out["otelgpu.gpu.energy.source"] = "power" if energy_power else "counter"
         if temp is not None:
             out["otelgpu.gpu.temperature.max"] = float(temp)
         out["otelgpu.gpu.samples"] = int(samples)

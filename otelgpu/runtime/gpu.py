@@ -24,33 +24,6 @@ class GpuContext:
         #: (sampler, its constant-size summarizer or None); rebuilt when the sampler changes.
         self._summary: tuple[Any, gpu_summary.GpuSummarizer | None] | None = None
 
-    def windows(
-        self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
-    ) -> dict[str, Any]:
-        """Per-GPU ``WindowStats`` of ``[start_ns, end_ns]`` ({} without a sampler or on error).
-
-        ``devices`` (UUIDs) restricts them to those GPUs, in that order.
-        """
-        sampler = self.sampler
-        if sampler is None:
-            return {}
-        try:
-            windows = sampler.windows(start_ns, end_ns)
-            if devices is not None:
-                windows = {u: windows[u] for u in devices if u in windows}
-            return dict(windows)
-        except Exception as exc:  # noqa: BLE001 - GPU context is best effort
-            self._report_error("gpu window", exc)
-            return {}
-
-    def window_attributes(self, windows: dict[str, Any]) -> dict[str, Any]:
-        """Span attributes of :meth:`windows`' result."""
-        try:
-            return gpu_context.window_attributes(windows)
-        except Exception as exc:  # noqa: BLE001 - GPU context is best effort
-            self._report_error("gpu window", exc)
-            return {}
-
     def device_names(self) -> dict[str, str]:
         """``{uuid: NVML product name}`` of the sampled GPUs ({} without a sampler)."""
         sampler = self.sampler

@@ -199,8 +199,8 @@ class RequestRecorder:
             labels = self._labels(record, outcome, error_type, attributes)
             # Energy per request and output token (otelgpu.gpu_truth.work): every request.
             gpu = self._gpu
-            windows = gpu.windows(start_ns, end_ns, devices) if gpu.sampler is not None else {}
-            work = self._work.request(windows, output_tokens, labels.base)
+            context = gpu.attributes(start_ns, end_ns, devices) if gpu.sampler is not None else {}
+            work = self._work.request(context, output_tokens, labels.base)
             if span.is_recording():  # an unsampled span gets no attribute dict built
                 span_attrs: dict[str, Any] = {"otelgpu.request.outcome": outcome}
                 if ttft_s is not None:
@@ -221,8 +221,7 @@ class RequestRecorder:
                     span_attrs["gen_ai.response.model"] = record.response_model
                 if attributes:
                     span_attrs.update(attributes)
-                if windows:
-                    span_attrs.update(gpu.window_attributes(windows))
+                span_attrs.update(context)
                 span_attrs.update(work)
                 span.set_attributes(span_attrs)
                 if gpu.sampler is not None:

@@ -117,27 +117,25 @@ class StepRecorder:
             attributes = record.attributes
             devices = record.devices
             duration_s = max(end_ns - start_ns, 0) / 1e9
-            # MFU and energy per unit of work (otelgpu.gpu_truth.work) need the window
-            # even for an unsampled span: their sketches cover every step.
+            # MFU and energy per unit of work (otelgpu.gpu_truth.work) read the GPU
+            # context even for an unsampled span: their sketches cover every step.
             gpu = self._gpu
-            windows = gpu.windows(start_ns, end_ns, devices) if gpu.sampler is not None else {}
-            flops = _values.flops(record.flops, "flops", stats)
+            context = gpu.attributes(start_ns, end_ns, devices) if gpu.sampler is not None else {}
             recording = span.is_recording()
             work = self._work.step(
                 span if recording else None,
-                windows,
+                context,
                 duration_s,
                 samples,
                 tokens,
-                flops,
+                _values.flops(record.flops, "flops", stats),
                 attributes or None,
             )
             if recording:  # an unsampled span gets no attribute dict built
                 attrs = step_attributes(duration_s, step, samples, tokens)
                 if attributes:
                     attrs.update(attributes)
-                if windows:
-                    attrs.update(gpu.window_attributes(windows))
+                attrs.update(context)
                 attrs.update(work)
                 span.set_attributes(attrs)
                 if gpu.sampler is not None:

@@ -334,3 +334,32 @@ def test_no_devices_yields_only_the_sampler_metrics(
 def test_docs_table_matches_the_code() -> None:
     assert "## GPU metrics" in DOCS.read_text(encoding="utf-8")
     assert_docs_match_catalog("gpu")
+
+
+def test_collection_hands_the_gil_over_between_instruments(
+    sim_gpu: sim.SimGpu,
+    sampler: BaseGpuSampler,
+    reader: Reader,
+    collect: Collect,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A collection is sliced: the GIL is handed over before every instrument's callback,
+    so the host waits at most one instrument's worth of work, not the whole collection."""
+    from otelgpu.metrics import gpu as gpu_metrics
+
+    events: list[str] = []
+    real_yield = gpu_metrics._yield_gil
+
+    def counting_yield() -> None:
+        events.append("yield")
+        real_yield()
+
+    monkeypatch.setattr(gpu_metrics, "_yield_gil", counting_yield)
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    sampler.sample_once()
+    got = collect(rd)
+    gpu_names = {m.name for m in N.GPU_METRICS} & set(got)
+    assert len(gpu_names) > 10
+    # One hand-off per GPU instrument at least (the SDK calls each callback once).
+    assert len(events) >= len(gpu_names)

@@ -19,7 +19,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
-from otelgpu import _runtime
+from otelgpu import _runtime, _sigterm
 from otelgpu._contexts import RequestContext, StepContext, request, step
 from otelgpu._runtime import Runtime
 from otelgpu._settings import Settings, resolve
@@ -65,6 +65,7 @@ class Instrumentation:
         for instrumentor in self.instrumentors:
             _uninstrument(instrumentor)
         self.instrumentors = []
+        _sigterm.uninstall()
         if self.runtime is not None:
             self.runtime.close()
 
@@ -254,6 +255,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     handle = _handle
     _handle = None
+    _sigterm.after_fork_in_child()
     if handle is not None and handle.runtime is not None:
         handle.runtime.after_fork_in_child()
     try:
@@ -309,6 +311,8 @@ def instrument(
                 atexit.register(_at_exit)
                 _atexit_installed = True
             _handle.instrumentors = _enable_frameworks(resolved)
+            if resolved.flush_on_sigterm:  # only replaces SIGTERM's default disposition
+                _sigterm.install(shutdown)
             if resolved.live:  # otelgpu top: read-only snapshots on an owner-only socket
                 from otelgpu.report.live import provider
 

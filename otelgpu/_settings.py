@@ -91,6 +91,7 @@ class Settings:
     traces_exporter: str = "default"
     metrics_exporter: str = "default"
     shutdown_timeout_ms: int = 3000
+    flush_on_sigterm: bool = True
     prometheus_rank_offset: bool = True
     step_spans_per_second: int = 100
 
@@ -421,6 +422,9 @@ SETTINGS: tuple[Setting, ...] = (
             "an integer in [0, 600000] (milliseconds)",
             "Bound of shutdown() and of the exit flush; what is not sent by then is counted as "
             "dropped."),
+    Setting("flush_on_sigterm", ev.OTELGPU_FLUSH_ON_SIGTERM, None, _bool, "true or false",
+            "On SIGTERM (default disposition only), flush within shutdown_timeout_ms, then "
+            "die of SIGTERM."),
     Setting("prometheus_rank_offset", ev.OTELGPU_PROMETHEUS_RANK_OFFSET, None, _bool,
             "true or false",
             "Pull endpoint on prometheus_port + LOCAL_RANK (one port per rank of a node)."),

@@ -224,6 +224,12 @@ OTELGPU_SHUTDOWN_TIMEOUT_MS = "OTELGPU_SHUTDOWN_TIMEOUT_MS"
 default 3000. Telemetry not delivered by then is counted in ``otelgpu.internal.dropped``
 (reason ``shutdown_timeout``) and reported in one warning line."""
 
+OTELGPU_FLUSH_ON_SIGTERM = "OTELGPU_FLUSH_ON_SIGTERM"
+"""``true`` (default): when SIGTERM still has its default disposition, ``instrument()`` (on
+the main thread) installs a handler that flushes within ``OTELGPU_SHUTDOWN_TIMEOUT_MS``, then
+restores the default and re-raises SIGTERM (the process still dies of it, status 143). A
+handler the application set is never replaced. ``false``: leave SIGTERM alone."""
+
 OTELGPU_PROMETHEUS_RANK_OFFSET = "OTELGPU_PROMETHEUS_RANK_OFFSET"
 """``true`` (default): the Prometheus pull endpoint listens on ``prometheus_port +
 LOCAL_RANK`` so the ranks of one node never clash (rank 0 on 9464, rank 1 on 9465, ...).

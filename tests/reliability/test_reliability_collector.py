@@ -33,7 +33,6 @@ pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 #: Exit-time bound the field-fixes issue asks for (3 s default) plus start-up slack.
 EXIT_BOUND_S = 5.0
-PENDING_EXIT = "bounded shutdown with an unreachable collector (issue 10 item 2, h4)"
 DURATION = 3.0
 #: How long a probe waits for the host's shutdown before killing it (a failed row then).
 PATIENCE_S = DURATION + EXIT_BOUND_S + 3.0
@@ -71,7 +70,6 @@ def test_collector_down_at_start(probe: Any, healthy: HostRun) -> None:
         "collector",
         "down at start",
         f"OTLP/gRPC to a closed port, {DURATION:.0f} s of 1 ms steps, then shutdown()",
-        pending=PENDING_EXIT,
     )
     run = run_host(
         {
@@ -88,7 +86,6 @@ def test_collector_blackhole(probe: Any, healthy: HostRun) -> None:
         "collector",
         "accepts, never answers",
         "OTLP/gRPC to a socket that accepts connections and never replies",
-        pending=PENDING_EXIT,
     )
     hole = Blackhole()
     try:
@@ -110,7 +107,6 @@ def test_collector_slow(probe: Any, healthy: HostRun, protocol: str) -> None:
         "collector",
         f"answers slowly ({protocol})",
         "every export answered after 5 s",
-        pending=PENDING_EXIT,
     )
     collector = FaultyCollector(delay_s=5.0).start()
     try:
@@ -146,7 +142,6 @@ def test_collector_errors(
         "collector",
         f"returns {label}",
         f"every export answered with {label}; {DURATION:.0f} s run, then shutdown()",
-        pending=PENDING_EXIT,
     )
     collector = FaultyCollector(**fault).start()
     try:

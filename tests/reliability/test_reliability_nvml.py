@@ -125,7 +125,6 @@ def test_nvml_degraded_driver_at_instrument(probe: Any, healthy: HostRun, tmp_pa
         "degraded driver at instrument()",
         "every NVML call takes 50 ms from the start (2 GPUs): how long instrument() blocks "
         "the caller",
-        pending="discovery off the caller's thread (issue 18 defect 3, h2b)",
     )
     scenario = copy.deepcopy(SMALL_SCENARIO)
     scenario["driver"] = {"latency_ms": 50}

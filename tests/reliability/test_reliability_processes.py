@@ -213,7 +213,6 @@ def test_shutdown_instrument_three_times(probe: Any, tmp_path: Path) -> None:
         "shutdown(); instrument() x3",
         "three instrument()/shutdown() cycles on a simulated node, gc.collect() inside "
         "each; an Xid 48 injected in each cycle must be seen in that cycle",
-        pending="NVML released deterministically at shutdown (issue 10 item 1, h2b)",
     )
     proc, wall = _run(
         f"""
@@ -259,9 +258,6 @@ def test_signal_during_export(probe: Any, tmp_path: Path, signame: str) -> None:
         f"{signame} during export",
         f"host exporting OTLP/gRPC (5 s span batches) gets {signame} after 2 s of steps: "
         "exits within 5 s, and the steps recorded before the signal reach the collector",
-        pending=None
-        if signame == "SIGINT"
-        else "flush on SIGTERM (no issue yet; proposed in the issue 18 closing note)",
     )
     receiver = OtlpReceiver().start()
     # every step span kept (no tail sampling): the probe counts them
@@ -315,15 +311,21 @@ def test_signal_during_export(probe: Any, tmp_path: Path, signame: str) -> None:
         receiver.stop()
     err = proc.stderr.read() if proc.stderr else ""
     tb = "Traceback" in err and "KeyboardInterrupt" not in err
+    # the host still dies of the signal (143 in a shell), as its supervisor expects
+    died_of_it = proc.returncode in (-getattr(signal, signame), 128 + getattr(signal, signame))
     p.result(
-        steps_before > 0 and exit_s <= 5.0 and delivered >= steps_before and not tb,
+        steps_before > 0
+        and exit_s <= 5.0
+        and delivered >= steps_before
+        and not tb
+        and (died_of_it or signame == "SIGINT"),
         f"exit {exit_s:.1f} s after the signal (code {proc.returncode}); "
         f"{delivered} of ≥ {steps_before} step spans delivered",
     )
 
 
 def test_torchrun_ranks(probe: Any, tmp_path: Path) -> None:
-    ranks = 4
+    ranks = 4 if SOAK else 2  # 4 ranks on 2 CPU cores take ~40 s of CI time
     p = probe(
         "processes",
         f"torchrun {ranks} ranks (gloo)",

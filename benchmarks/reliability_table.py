@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+SOAK_SIZE = " (soak: 60 s outage, 1,000,000 steps)"
+CI_SIZE = " (CI-sized: 5 s outage, 20,000 steps)"
 TWINS = ("native", "pure")
 AREAS = ("collector", "NVML", "processes", "resources", "bad input", "security")
 
@@ -64,7 +66,7 @@ def render(runs: dict[str, dict[str, Any]]) -> tuple[str, int]:
         + (f"; {len(failed_rows)} failed (listed below the tables)." if failed_rows else "."),
         "",
         "- Run: " + ", ".join(f"{t} twin {runs[t]['finished']}" for t in twins) + ""
-        f"{' (soak: 60 s outage, 1,000,000 steps)' if first.get('soak') else ' (CI-sized)'}; "
+        f"{SOAK_SIZE if first.get('soak') else CI_SIZE}; "
         f"{first['machine']} (a shared machine: step-time percentiles are noisy).",
         "- Regenerate: `make reliability` (CI-sized, a few minutes) or `make soak` (long), "
         "which run the suite in both twins and then `python benchmarks/reliability_table.py`.",
@@ -74,6 +76,13 @@ def render(runs: dict[str, dict[str, Any]]) -> tuple[str, int]:
         "no step over 1 s: the machine is shared, and a host blocked by otelgpu shows up as "
         "seconds; per-call costs are measured in benchmarks/), no traceback on the host's "
         "stderr, and the probe's own condition (named in its row).",
+        "- Signals: SIGINT runs the interpreter's exit (and otelgpu's exit flush). SIGTERM's "
+        "default disposition kills at once, so `instrument()` (on the main thread, when "
+        "SIGTERM still has its default disposition) installs a handler that flushes within "
+        "`shutdown_timeout_ms` and re-raises SIGTERM: the process still dies of it (status "
+        "143), torchrun ranks stopped by the elastic agent included. A handler the "
+        "application set is never replaced; `OTELGPU_FLUSH_ON_SIGTERM=false` turns it off "
+        "(see configuration.md).",
         "",
     ]
     for area in AREAS:

@@ -374,3 +374,64 @@ def test_torchrun_ranks(probe: Any, tmp_path: Path) -> None:
         f"(≥ {want} expected)",
         stderr_tail=proc.stderr[-2000:],
     )
+
+
+def test_torchrun_agent_sigterm(probe: Any, tmp_path: Path) -> None:
+    p = probe(
+        "processes",
+        "SIGTERM to torchrun's agent",
+        "torchrun (1 rank) stepping with 60 s span batches gets SIGTERM after 200 steps; the "
+        "elastic agent forwards it to the rank: all ends within 5 s and the rank's steps are "
+        "flushed to its recording",
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import otelgpu, time
+            otelgpu.instrument(exporters="recording", recording_dir={str(tmp_path)!r},
+                               gpu=False, frameworks="none", span_schedule_delay_ms=60000,
+                               step_spans_per_second=0)
+            n = 0
+            while True:
+                with otelgpu.step():
+                    time.sleep(0.002)
+                n += 1
+                if n == 200:
+                    print("STEPS200", flush=True)
+            """
+        )
+    )
+    agent = subprocess.Popen(
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=python_env(OMP_NUM_THREADS="1"),
+    )
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(agent.stdout or []), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not any("STEPS200" in x for x in list(output)) and time.monotonic() < deadline:
+        if agent.poll() is not None:
+            break
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(30)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
+    exit_s = time.monotonic() - t0
+    reader.join(5)
+    steps = _spans(tmp_path).get("otelgpu.train.step", 0)
+    text = "".join(output)
+    rank_tb = text.count("Traceback") > text.count("SignalException")
+    p.result(
+        steps >= 200 and exit_s <= 5.0 and not rank_tb,
+        f"agent exit {agent.returncode} {exit_s:.1f} s after the signal; {steps} of ≥ 200 "
+        f"step spans in the rank's recording (0 with OTELGPU_FLUSH_ON_SIGTERM=false)",
+        stderr_tail=text[-2000:],
+    )

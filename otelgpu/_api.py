@@ -312,7 +312,8 @@ def instrument(
                 _atexit_installed = True
             _handle.instrumentors = _enable_frameworks(resolved)
             if resolved.flush_on_sigterm:  # only replaces SIGTERM's default disposition
-                _sigterm.install(shutdown)
+                # shutdown() is bounded by shutdown_timeout_ms; one more second of slack
+                _sigterm.install(shutdown, resolved.shutdown_timeout_ms / 1000 + 1.0)
             if resolved.live:  # otelgpu top: read-only snapshots on an owner-only socket
                 from otelgpu.report.live import provider
 

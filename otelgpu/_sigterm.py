@@ -3,9 +3,11 @@
 Schedulers, ``torchrun``'s elastic agent, Kubernetes and systemd stop a process with
 SIGTERM. Its default disposition kills the process at once: ``atexit`` never runs, so every
 span and metric still queued is lost. ``install()`` puts a handler in its place that runs
-the given flush (otelgpu's ``shutdown()``, itself bounded by ``shutdown_timeout_ms``), then
-restores the default disposition and re-raises SIGTERM, so the process still dies *of*
-SIGTERM (exit status 143 in a shell, ``-15`` to ``subprocess``) as its supervisor expects.
+the given flush (otelgpu's ``shutdown()``, itself bounded by ``shutdown_timeout_ms``; the
+handler waits for it at most a given bound, so a flush stuck behind a lock the interrupted
+main thread holds cannot keep the process alive), then restores the default disposition
+and re-raises SIGTERM, so the process still dies *of* SIGTERM (exit status 143 in a shell,
+``-15`` to ``subprocess``) as its supervisor expects.
 
 Only the default disposition is ever replaced: a handler the application (or a framework)
 installed is left alone, and so is an ignored SIGTERM. ``install()`` works only on the main
@@ -27,16 +29,30 @@ from types import FrameType
 _logger = logging.getLogger("otelgpu")
 
 _flush: Callable[[], None] | None = None
+#: How long the handler waits for the flush (set by ``install``).
+_bound_s = 4.0
+
+
+def _flush_quietly(flush: Callable[[], None]) -> None:
+    try:
+        flush()
+    except Exception as exc:  # noqa: BLE001 - the process is being stopped either way
+        _logger.warning("otelgpu: error flushing on SIGTERM: %r", exc)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    flush = _flush
+    flush, bound_s = _flush, _bound_s
     _restore_default()
     try:
         if flush is not None:
-            flush()
-    except Exception as exc:  # noqa: BLE001 - the process is being stopped either way
-        _logger.warning("otelgpu: error flushing on SIGTERM: %r", exc)
+            # On its own thread, waited for at most bound_s: the signal may have arrived
+            # while this (main) thread held a lock the flush needs (inside a span's end,
+            # inside instrument()); the process must still die promptly then.
+            worker = threading.Thread(
+                target=_flush_quietly, args=(flush,), name="otelgpu-sigterm-flush", daemon=True
+            )
+            worker.start()
+            worker.join(bound_s)
     finally:
         # The default disposition again: the process ends "killed by SIGTERM".
         os.kill(os.getpid(), signal.SIGTERM)
@@ -52,13 +68,15 @@ def _restore_default() -> None:
         pass
 
 
-def install(flush: Callable[[], None]) -> bool:
-    """Run ``flush`` on SIGTERM, then die of SIGTERM; True when the handler is in place.
+def install(flush: Callable[[], None], bound_s: float) -> bool:
+    """Run ``flush`` on SIGTERM (waiting at most ``bound_s`` seconds for it), then die of
+    SIGTERM; True when the handler is in place.
 
     Does nothing (False) off the main thread or when SIGTERM's disposition is not the
     default (someone else owns it).
     """
-    global _flush
+    global _flush, _bound_s
+    _bound_s = bound_s
     if threading.current_thread() is not threading.main_thread():
         return False
     try:

@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 from fixtures.otel import PYTHON, python_env
@@ -120,3 +121,25 @@ def test_dispositions(tmp_path: Path) -> None:
         "on_1": True, "child_1": 0, "off_1": True,
         "user_kept": True, "user_kept_after": True, "ign_kept": True, "thread_dfl": True,
     }  # fmt: skip
+
+
+def test_sigterm_while_main_thread_holds_the_flush_lock_still_dies_promptly(
+    tmp_path: Path,
+) -> None:
+    # The signal lands while the main thread holds the lock shutdown() needs: the handler
+    # waits for the flush at most shutdown_timeout_ms + 1 s, then the process dies of it.
+    t0 = time.monotonic()
+    proc = _run(
+        f"""
+        import os, signal, time, otelgpu, otelgpu._api as api
+        otelgpu.instrument(**{_settings(tmp_path, shutdown_timeout_ms=500)})
+        with api._lock:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        print("SURVIVED")
+        """
+    )
+    wall = time.monotonic() - t0
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert "SURVIVED" not in proc.stdout
+    assert wall < 20, wall  # the interpreter's start-up plus the 1.5 s bound, never the 30 s

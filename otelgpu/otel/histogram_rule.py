@@ -17,13 +17,23 @@ a backend's own ``histogram_quantile`` agree on the rule:
   bucket lies inside one classic bucket (exponential buckets nest), so
   ``count(le=b)`` is the sum of the sketch buckets whose upper bound is at most ``b``.
   Values above the last bound are counted only in ``+Inf``.
+* **Native buckets (Prometheus native histograms):** the sketch's buckets themselves.
+  OTel scale ``s`` is Prometheus schema ``s`` for ``-4 <= s <= 8``; a finer sketch is
+  downscaled to schema 8 exactly (buckets nest: index ``i`` becomes ``i >> (s - 8)``);
+  a coarser one (below -4, only with a tiny bucket cap) has no native form. The indices
+  differ by one: OTel bucket ``i`` covers ``(base**i, base**(i+1)]``, Prometheus bucket
+  ``k`` covers ``(base**(k-1), base**k]``, so ``k = i + 1``. The zero bucket is
+  ``[-2**-128, 2**-128]`` (the Prometheus Go client's default): the sketch's zeros plus
+  any bucket wholly inside it (``2**-128`` is a bucket boundary at every schema, so
+  this is exact), and a threshold above 0 marks the histogram as native for every
+  Prometheus version, even when it is empty.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from otelgpu.sketch import _mapping
 
@@ -32,6 +42,30 @@ CLASSIC_SCALE = 1
 #: Bound exponents (base 2) of the classic buckets: durations in seconds, anything else.
 CLASSIC_RANGE_SECONDS = (-20, 12)
 CLASSIC_RANGE_OTHER = (-10, 40)
+#: Schemas Prometheus native histograms support (base ``2 ** (2 ** -schema)``).
+NATIVE_MIN_SCHEMA, NATIVE_MAX_SCHEMA = -4, 8
+#: Exponent (base 2) of the native zero bucket's half-width.
+NATIVE_ZERO_EXPONENT = -128
+NATIVE_ZERO_THRESHOLD = 2.0**NATIVE_ZERO_EXPONENT
+#: Empty buckets between two populated ones that stay inside one span (cheaper than a
+#: new span: a delta per empty bucket against two varints per span).
+_SPAN_GAP = 2
+
+
+class NativeHistogram(NamedTuple):
+    """A Prometheus native histogram: spans are ``(offset, length)`` (the first offset is
+    the first bucket's index, later ones the gap after the previous span); deltas are
+    each bucket's count minus the previous bucket's (across spans), as on the wire."""
+
+    schema: int
+    zero_threshold: float
+    zero_count: int
+    sample_count: int
+    sample_sum: float
+    positive_spans: tuple[tuple[int, int], ...]
+    positive_deltas: tuple[int, ...]
+    negative_spans: tuple[tuple[int, int], ...]
+    negative_deltas: tuple[int, ...]
 
 
 def classic_bounds(unit: str) -> tuple[float, ...]:
@@ -77,6 +111,68 @@ def classic_buckets(point: Any, unit: str) -> list[tuple[float, int]]:
         out.append((bound, running))
     out.append((math.inf, int(point.count)))
     return out
+
+
+def native_histogram(point: Any) -> NativeHistogram | None:
+    """``point``'s buckets as a Prometheus native histogram (see the module docstring);
+    ``None`` when its scale is below ``NATIVE_MIN_SCHEMA``."""
+    scale = int(point.scale)
+    if scale < NATIVE_MIN_SCHEMA:
+        return None
+    shift = max(scale - NATIVE_MAX_SCHEMA, 0)
+    schema = scale - shift
+    # Prometheus index of the bucket whose upper bound is 2 ** NATIVE_ZERO_EXPONENT.
+    # 2 ** -128 is a bucket boundary at every schema >= -4 (128 is a multiple of 16).
+    zero_index = (
+        NATIVE_ZERO_EXPONENT * 2**schema if schema >= 0 else NATIVE_ZERO_EXPONENT // 2**-schema
+    )
+    pos_spans, pos_deltas, pos_folded = _native_side(point.positive, shift, zero_index)
+    neg_spans, neg_deltas, neg_folded = _native_side(point.negative, shift, zero_index)
+    return NativeHistogram(
+        schema=schema,
+        zero_threshold=NATIVE_ZERO_THRESHOLD,
+        zero_count=int(point.zero_count) + pos_folded + neg_folded,
+        sample_count=int(point.count),
+        sample_sum=float(point.sum),
+        positive_spans=pos_spans,
+        positive_deltas=pos_deltas,
+        negative_spans=neg_spans,
+        negative_deltas=neg_deltas,
+    )
+
+
+def _native_side(
+    buckets: Any, shift: int, zero_index: int
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...], int]:
+    """Spans, deltas and the count folded into the zero bucket of one side."""
+    merged: list[list[int]] = []  # [prometheus index, count], ascending
+    folded = 0
+    offset = int(buckets.offset)
+    for i, c in enumerate(buckets.bucket_counts):
+        if not c:
+            continue
+        k = ((offset + i) >> shift) + 1  # downscale (flooring shift), then OTel -> Prometheus
+        if k <= zero_index:
+            folded += int(c)
+        elif merged and merged[-1][0] == k:
+            merged[-1][1] += int(c)
+        else:
+            merged.append([k, int(c)])
+    spans: list[list[int]] = []
+    deltas: list[int] = []
+    last_k, last_c = 0, 0
+    for k, c in merged:
+        gap = k - last_k - 1
+        if not spans or gap > _SPAN_GAP:
+            spans.append([k if not spans else gap, 1])
+        else:
+            for _ in range(gap):  # empty buckets kept inside the span
+                deltas.append(-last_c)
+                last_c = 0
+            spans[-1][1] += gap + 1
+        deltas.append(c - last_c)
+        last_k, last_c = k, c
+    return tuple((o, n) for o, n in spans), tuple(deltas), folded
 
 
 def nearest_rank(q: float, count: int) -> int:

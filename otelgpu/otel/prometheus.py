@@ -11,6 +11,12 @@ OpenTelemetry exporter's rules (``gen_ai.server.request.duration`` in ``s`` beco
 ``gen_ai_server_request_duration_seconds``), with the same ``otel_scope_*`` labels.
 The quantile gauges stay (``<name>_quantile_<unit>{quantile}``).
 
+Each family also carries the sketch's buckets as Prometheus native histograms
+(``native_histograms``, :func:`otelgpu.otel.histogram_rule.native_histogram`), which
+only the protobuf format writes (:mod:`otelgpu.otel.prometheus_protobuf`, served to a
+scraper that negotiates it by :mod:`otelgpu.otel.pull_endpoint`); the text formats
+ignore them. A family carries them only if every point has a native form.
+
 Collection runs on the scrape's thread, reads the sketches under their own locks, and
 never raises (a failure is counted in ``otelgpu.internal.errors``).
 """
@@ -32,6 +38,7 @@ from prometheus_client.utils import floatToGoString
 
 from otelgpu.otel import histogram_rule
 from otelgpu.otel.exporters import SCOPE
+from otelgpu.otel.prometheus_protobuf import LabelKey, label_key
 from otelgpu.otel.stats import InternalStats
 
 
@@ -41,6 +48,12 @@ def _label_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(_label_value(v) for v in value) + "]"
     return str(value)
+
+
+class SketchHistogramFamily(HistogramMetricFamily):
+    """A classic histogram family plus its series' native histograms, by :func:`label_key`."""
+
+    native_histograms: dict[LabelKey, histogram_rule.NativeHistogram]
 
 
 class SketchCollector(Collector):
@@ -59,7 +72,7 @@ class SketchCollector(Collector):
         # Nothing known ahead: no registration-time collect (sketches appear as recorded).
         return []
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
+    def collect(self) -> Iterator[SketchHistogramFamily]:
         try:
             metrics = list(self._sketch_metrics())
         except Exception as exc:  # noqa: BLE001 - a scrape must not fail on us
@@ -74,12 +87,13 @@ class SketchCollector(Collector):
             if family is not None:
                 yield family
 
-    def _family(self, metric: Metric) -> HistogramMetricFamily | None:
+    def _family(self, metric: Metric) -> SketchHistogramFamily | None:
         data = metric.data
         if not isinstance(data, ExponentialHistogram) or not data.data_points:
             return None
         unit = map_unit(metric.unit or "")
         rows = []
+        native: list[tuple[LabelKey, Any]] = []
         keys: set[str] = set(self._scope)
         for point in data.data_points:
             labels = dict(self._scope)
@@ -88,7 +102,7 @@ class SketchCollector(Collector):
             keys.update(labels)
             rows.append((labels, point))
         label_keys = sorted(keys)
-        family = HistogramMetricFamily(
+        family = SketchHistogramFamily(
             sanitize_full_name(metric.name),
             metric.description or "",
             labels=label_keys,
@@ -99,7 +113,14 @@ class SketchCollector(Collector):
                 (floatToGoString(le), float(count))  # type: ignore[no-untyped-call]
                 for le, count in histogram_rule.classic_buckets(point, metric.unit or "")
             ]
-            family.add_metric(
-                [labels.get(k, "") for k in label_keys], buckets, sum_value=float(point.sum)
-            )
+            values = [labels.get(k, "") for k in label_keys]
+            family.add_metric(values, buckets, sum_value=float(point.sum))
+            native.append((label_key(dict(zip(label_keys, values, strict=True))), point))
+        family.native_histograms = {}
+        for series, point in native:
+            histogram = histogram_rule.native_histogram(point)
+            if histogram is None:  # all or none: a scraper types a family by one series
+                family.native_histograms = {}
+                break
+            family.native_histograms[series] = histogram
         return family

@@ -564,7 +564,8 @@ def _prometheus(
     """
     try:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import start_http_server
+
+        from otelgpu.otel.pull_endpoint import start_pull_server
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         from otelgpu.errors import ConfigurationError
 
@@ -575,7 +576,7 @@ def _prometheus(
         ) from exc
     port = prometheus_port(settings)
     try:
-        server, _thread = start_http_server(port, addr=settings.prometheus_host)
+        server, _thread = start_pull_server(port, settings.prometheus_host)
     except OSError as exc:  # port in use, address not local, permission denied ...
         from otelgpu.errors import ConfigurationError
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fixtures.otel import reset_otel_globals  # noqa: F401 - fixture
 from fixtures.sim import SMALL_SCENARIO, sim_gpu, sim_scenario  # noqa: F401 - fixtures
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -38,6 +38,10 @@ RULES = ROOT / "docs" / "alerts" / "otelgpu-rules.yml"
 RULES_TEST = ROOT / "docs" / "alerts" / "otelgpu-rules.test.yml"
 INSTALL = "tests/backends/install.sh"
 SKIP_VARIABLE = "OTELGPU_SKIP_BACKENDS"
+#: The flag that makes Prometheus (2.40+) negotiate the protobuf format and ingest native
+#: histograms; the sketch metrics then arrive as native histograms only (2.42 keeps one
+#: representation per histogram family).
+NATIVE_HISTOGRAMS = "--enable-feature=native-histograms"
 
 
 def require_binaries(*names: str) -> dict[str, str]:
@@ -142,8 +146,10 @@ def start_prometheus(
     targets: Iterable[str],
     rule_files: Iterable[Path] = (),
     interval_s: int = 1,
+    flags: Iterable[str] = (),
 ) -> PrometheusServer:
-    """Start Prometheus scraping ``targets`` every ``interval_s`` (rules evaluated as often).
+    """Start Prometheus scraping ``targets`` every ``interval_s`` (rules evaluated as often),
+    with extra command-line ``flags`` (e.g. ``NATIVE_HISTOGRAMS``).
 
     Retries on another port if the chosen one was taken in the meantime; fails with the
     server's log if it never becomes ready (15 s per attempt).
@@ -169,6 +175,7 @@ def start_prometheus(
                     f"--storage.tsdb.path={directory / 'data'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn",
+                    *flags,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -2,12 +2,15 @@
 
 One instrumented process on the simulated GPU (2 H100s, virtual clock), with
 ``exporters="prometheus"`` on a free 127.0.0.1 port; Prometheus scrapes it every second
-and evaluates the shipped alert rules. PromQL over its HTTP API must return:
+and evaluates the shipped alert rules -- once negotiating the text format, once the
+protobuf format (``--enable-feature=native-histograms``). PromQL over its HTTP API must
+return, in both:
 
 * ``hw_gpu_utilization`` per GPU, keyed by ``hw_id`` = the GPU's UUID, at the scenario's
   value; the rank (a resource attribute) joined in from ``target_info``;
 * the step-time and request-latency quantile gauges, equal to a sketch fed the same
   durations and within 1 % of the exact quantiles;
+* the step-time histogram's count (classic ``_count``, or native ``histogram_count``);
 * the alert rules loaded and healthy, and the GPU-lost and critical-XID alerts firing
   for exactly the GPU where the simulator injected the fault.
 """
@@ -22,6 +25,7 @@ from typing import Any
 
 import pytest
 from backends_support import (
+    NATIVE_HISTOGRAMS,
     RULES,
     PrometheusServer,
     free_port,
@@ -62,8 +66,9 @@ def prometheus_binary() -> str:
     return require_binaries("prometheus")["prometheus"]
 
 
-@pytest.fixture
+@pytest.fixture(params=["text", "protobuf"])
 def scraped(
+    request: pytest.FixtureRequest,
     prometheus_binary: str,
     sim_scenario: Callable[..., sim.SimGpu],
     tmp_path: Path,
@@ -91,6 +96,7 @@ def scraped(
             tmp_path / "prometheus",
             targets=[f"127.0.0.1:{port}"],
             rule_files=[RULES],
+            flags=[NATIVE_HISTOGRAMS] if request.param == "protobuf" else [],
         )
         yield server, gpu, handle
     finally:
@@ -160,6 +166,17 @@ def test_backends_prometheus_scrapes_gpu_metrics_and_quantiles(
 
     steps_total = prom.query("otelgpu_train_steps_total")
     assert [float(s["value"][1]) for s in steps_total] == [len(steps_ns)]
+
+    # Over protobuf the sketches are native histograms (and only that, in 2.42); over
+    # text, classic ones. Either way they count every step.
+    native = NATIVE_HISTOGRAMS in list(prom.process.args)  # type: ignore[arg-type]
+    count = (
+        "histogram_count(sum(otelgpu_train_step_duration_seconds))"
+        if native
+        else "sum(otelgpu_train_step_duration_seconds_count)"
+    )
+    result = wait_until(lambda: prom.query(count), 10)
+    assert [float(s["value"][1]) for s in result] == [len(steps_ns)], count
 
 
 def test_backends_prometheus_alerts_fire_on_simulated_faults(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client.openmetrics.exposition import (
@@ -214,14 +214,21 @@ def _grouped(samples: Iterable[Sample], drop: str) -> dict[LabelKey, list[Sample
     return groups
 
 
-def _families(metric: Any) -> Iterator[bytes]:
+def _families(metric: Any, names: Collection[str] | None) -> Iterator[bytes]:
     """The delimited ``MetricFamily`` messages of one ``prometheus_client`` family."""
     name, doc = metric.name, metric.documentation
     mtype = _TYPES.get(metric.type, UNTYPED)
     main: list[Sample] = []
     extra: dict[str, list[Sample]] = {}  # the text format's separate families
     gauge_histogram = mtype == GAUGE_HISTOGRAM
+    whole = mtype in (HISTOGRAM, GAUGE_HISTOGRAM, SUMMARY)  # one message per series
+    if names is not None and whole:
+        if name not in names and not any(s.name in names for s in metric.samples):
+            return
+        names = None  # a histogram or summary travels whole
     for s in metric.samples:
+        if names is not None and s.name not in names:
+            continue
         if s.name == name + "_created" or (
             not gauge_histogram and s.name in (name + "_gsum", name + "_gcount")
         ):
@@ -251,6 +258,10 @@ def _families(metric: Any) -> Iterator[bytes]:
         yield _family(sample_name, doc, kind, [_value_metric(s, kind) for s in samples])
 
 
-def encode(registry: Collector) -> bytes:
-    """Every family of ``registry`` in the delimited protobuf format (see module docstring)."""
-    return b"".join(chunk for metric in registry.collect() for chunk in _families(metric))
+def encode(registry: Collector, names: Collection[str] | None = None) -> bytes:
+    """Every family of ``registry`` in the delimited protobuf format (see module docstring).
+
+    ``names`` (a scrape's ``name[]``): only the samples so named; a histogram or
+    summary (one message per series: its buckets, sum, count and native histogram
+    together) is written whole when its name or one of its sample names is listed."""
+    return b"".join(chunk for metric in registry.collect() for chunk in _families(metric, names))

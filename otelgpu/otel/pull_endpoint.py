@@ -9,7 +9,10 @@ of the types offered, as Prometheus sends it with ``--enable-feature=native-hist
 is answered by :func:`otelgpu.otel.prometheus_protobuf.encode`, which adds the
 sketches' native histograms. Everything else -- the text and OpenMetrics formats,
 ``OPTIONS``, other methods, ``/favicon.ico`` -- is ``prometheus_client``'s own app,
-unchanged. Both honour ``name[]`` (series selection) and gzip (``Accept-Encoding``).
+unchanged. Both honour gzip (``Accept-Encoding``) and ``name[]`` (series selection);
+the protobuf answer selects the samples so named in every family, histograms and
+summaries whole (``prometheus_client``'s text answer searches only collectors that
+describe their names, which otelgpu's do not).
 """
 
 from __future__ import annotations
@@ -91,8 +94,7 @@ def make_app(registry: CollectorRegistry = REGISTRY) -> WsgiApp:
         ):
             return text_app(environ, start_response)
         params = parse_qs(environ.get("QUERY_STRING", ""))
-        source = registry.restricted_registry(params["name[]"]) if "name[]" in params else registry
-        output = prometheus_protobuf.encode(source)
+        output = prometheus_protobuf.encode(registry, params.get("name[]"))
         headers = [("Content-Type", prometheus_protobuf.CONTENT_TYPE)]
         if _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
             output = gzip.compress(output)

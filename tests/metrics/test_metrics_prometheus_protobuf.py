@@ -467,3 +467,34 @@ def test_metrics_endpoint_text_unchanged_for_other_scrapers(
     assert mine == {k for k in ref if not k[0].startswith(("process_", "python_"))}
     content_type, _ = _get(url, "application/openmetrics-text;version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
+
+
+def test_metrics_endpoint_name_selection(endpoint: tuple[str, list[float]]) -> None:
+    """``name[]`` selects the samples so named, a histogram whole (its message carries
+    buckets, sum, count and native histogram together). prometheus_client's text answer
+    only searches collectors that describe their names -- none of otelgpu's -- so the
+    full text answer, filtered here, is the reference."""
+    url, durations = endpoint
+    hist = "gen_ai_server_request_duration_seconds"
+    steps = "otelgpu_train_step_duration_seconds"
+    _, text = _get(url, None)
+    reference = _text_series(text.decode())
+    for selected, families_expected in (
+        ({hist, "otelgpu_train_steps_total"}, [hist, "otelgpu_train_steps_total"]),
+        ({steps + "_count"}, [steps]),
+    ):
+        query = "?" + "&".join(f"name[]={n}" for n in sorted(selected))
+        _, body = _get(url + query, PROMETHEUS_ACCEPT)
+        families = decode(body)
+        assert sorted(f.name for f in families) == families_expected
+        # the series of the selected families, as the full text answer has them
+        assert set(_protobuf_series(families)) == {
+            key
+            for key in reference
+            if any(key[0] == f or key[0].startswith(f + "_") for f in families_expected)
+        }
+        for f in families:
+            if f.type == 4:
+                assert all(m.histogram.HasField("schema") and m.histogram.bucket for m in f.metric)
+    by_name = {f.name: f for f in decode(_get(url + f"?name[]={hist}", PROMETHEUS_ACCEPT)[1])}
+    assert sum(m.histogram.sample_count for m in by_name[hist].metric) == len(durations)

@@ -25,8 +25,8 @@ a backend's own ``histogram_quantile`` agree on the rule:
   ``k`` covers ``(base**(k-1), base**k]``, so ``k = i + 1``. The zero bucket is
   ``[-2**-128, 2**-128]`` (the Prometheus Go client's default): the sketch's zeros plus
   any bucket wholly inside it (``2**-128`` is a bucket boundary at every schema, so
-  this is exact), and a threshold above 0 marks the histogram as native for every
-  Prometheus version, even when it is empty.
+  this is exact). A threshold above 0 is also one of the signs by which Prometheus
+  tells a native histogram from a classic one (an empty one has no other).
 """
 
 from __future__ import annotations

@@ -143,6 +143,18 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
         ]
         assert {p["hw.id"] for p in points} == {d.uuid for d in sampler.devices}
         assert {p.get("hw.model") for p in points} == {"NVIDIA H100 80GB HBM3"}
+        # The lost GPU has no sampled series but its own hw.status, in the failed state.
+        status = {
+            (p.attributes["hw.id"], p.attributes["hw.state"]): p.value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "hw.status"
+            for p in m.data.data_points
+        }
+        assert status[("nvml-index-1", "failed")] == 1
+        assert status[("nvml-index-1", "ok")] == 0
+        assert {h for h, _ in status} == {d.uuid for d in sampler.devices} | {"nvml-index-1"}
         assert sampler.lost("nvml-index-1")
         counts = runtime.health_counts()
         assert counts.get(("device_lost", "nvml-index-1")) == 1, counts

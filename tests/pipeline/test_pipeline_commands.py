@@ -77,6 +77,8 @@ def test_pipeline_demo_runs_on_the_simulator_and_reports(tmp_path: Path) -> None
     assert "otelgpu.train.step: " in text
     events = text.split("== GPU health events ==")[1].split("\n\n")[0]
     assert "throttle_start" in events and "xid" in events
+    # each injected fault lands on the step or request it happened during
+    assert "on no span" not in events, events
 
 
 def test_pipeline_report_of_missing_file_fails() -> None:

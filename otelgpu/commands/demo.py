@@ -329,13 +329,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     else:
         print("  real NVIDIA driver found: sampling the real GPU", file=out)
 
+    # The demo's model trains on the CPU: on the simulated node its steps stand for a job
+    # on all eight GPUs (on a real GPU, the default ``auto`` finds the devices torch uses).
+    settings: dict[str, Any] = {"step_devices": "all"} if sim_gpu is not None else {}
     handle = otelgpu.instrument(
         service_name=os.environ.get("OTEL_SERVICE_NAME") or "otelgpu-demo",
         metric_export_interval_ms=1000,
         frameworks="torch",
-        # The demo's model trains on the CPU: on the simulated node its steps stand for a
-        # job on all eight GPUs (on a real GPU, ``auto`` finds the devices torch uses).
-        **({"step_devices": "all"} if sim_gpu is not None else {}),
+        **settings,
     )
     runtime = _runtime.current()
     if runtime is None:

@@ -164,7 +164,8 @@ def _register_gpu_metrics(runtime: Runtime) -> None:
             return
         try:
             devices = gpu_inventory(runtime.sampler).devices
-            register_gpu_metrics(runtime, sampler, devices or None)
+            lost = getattr(runtime.sampler, "lost_at_start", ())
+            register_gpu_metrics(runtime, sampler, devices or None, lost_at_start=lost)
         except Exception as exc:  # noqa: BLE001
             runtime.report_error("register_gpu_metrics", exc)
 

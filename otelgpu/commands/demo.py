@@ -234,6 +234,7 @@ def serve(seconds: float, seed: int, on_half: Callable[[], None], out: TextIO) -
     slots = threading.Semaphore(2)  # the "engine" runs two requests at a time; others queue
     outcomes: dict[str, int] = {}
     lock = threading.Lock()
+    running = threading.Event()  # set while a request generates: the fault lands inside one
 
     def one(i: int, rng: random.Random) -> None:
         with otelgpu.request(model=MODEL, operation="text_completion") as r:
@@ -245,6 +246,7 @@ def serve(seconds: float, seed: int, on_half: Callable[[], None], out: TextIO) -
             else:
                 with slots:
                     r.scheduled()
+                    running.set()
                     ids = torch.randint(
                         1, vocab, (1, prompt), generator=torch.Generator().manual_seed(i)
                     )
@@ -272,6 +274,10 @@ def serve(seconds: float, seed: int, on_half: Callable[[], None], out: TextIO) -
             futures = [pool.submit(one, i + k, random.Random(rng.random())) for k in range(burst)]
             i += burst
             if not fired and time.monotonic() > halfway:
+                # Between bursts no request runs: wait for one of this burst to start
+                # generating, so the injected fault happens during (and is on) a request.
+                running.clear()
+                running.wait(timeout=1.0)
                 on_half()
                 fired = True
             for f in futures:
@@ -323,10 +329,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     else:
         print("  real NVIDIA driver found: sampling the real GPU", file=out)
 
+    # The demo's model trains on the CPU: on the simulated node its steps stand for a job
+    # on all eight GPUs (on a real GPU, the default ``auto`` finds the devices torch uses).
+    settings: dict[str, Any] = {"step_devices": "all"} if sim_gpu is not None else {}
     handle = otelgpu.instrument(
         service_name=os.environ.get("OTEL_SERVICE_NAME") or "otelgpu-demo",
         metric_export_interval_ms=1000,
         frameworks="torch",
+        **settings,
     )
     runtime = _runtime.current()
     if runtime is None:

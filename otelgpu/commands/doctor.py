@@ -73,6 +73,9 @@ def report(out: TextIO) -> int:
         )
         for i, (uuid, name) in enumerate(zip(inventory.uuids, inventory.names, strict=True)):
             print(f"    {i}: {name}  {uuid}", file=out)
+        for what in inventory.unreadable:
+            print(f"    NOT READABLE (lost or faulted): {what}", file=out)
+            status = 1
     else:
         print(
             "  no NVML device (no driver, or no GPU); `otelgpu demo` uses the simulator", file=out

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -67,8 +67,14 @@ class GpuMetricsHandle:
         instruments: _Instrumenting,
         sampler: BaseGpuSampler,
         device_attributes: Mapping[str, Mapping[str, str]] | None = None,
+        lost_at_start: Sequence[str] = (),
     ) -> None:
         self._sampler = sampler
+        # GPUs NVML enumerates but could not open at start have no sampler device; their
+        # only series is ``hw.status`` in the ``failed`` state, so an alert on it fires.
+        self._lost_at_start = {
+            lost: {"hw.id": lost, "hw.type": "gpu", "hw.vendor": "nvidia"} for lost in lost_at_start
+        }
         self._enabled = True
         self._lock = threading.Lock()
         self._failed: set[str] = set()
@@ -289,8 +295,11 @@ class GpuMetricsHandle:
 
     def _status(self) -> Iterable[Observation]:
         latest = {u: s for u, _attrs, s in self._samples()}
-        for uuid, attrs in self._attrs.items():
-            state = self._state(uuid, latest.get(uuid))
+        states = [
+            (attrs, self._state(uuid, latest.get(uuid))) for uuid, attrs in self._attrs.items()
+        ]
+        states += [(attrs, "failed") for attrs in self._lost_at_start.values()]
+        for attrs, state in states:
             for value in N.HW_STATES:
                 yield Observation(1 if value == state else 0, {**attrs, "hw.state": value})
 
@@ -404,6 +413,8 @@ def register_gpu_metrics(
     target: _Instrumenting | Meter,
     sampler: BaseGpuSampler,
     device_attributes: Mapping[str, Mapping[str, str]] | None = None,
+    *,
+    lost_at_start: Sequence[str] = (),
 ) -> GpuMetricsHandle:
     """Feed the GPU observable instruments from ``sampler`` (see ``docs/metrics.md``).
 
@@ -412,10 +423,11 @@ def register_gpu_metrics(
     whose ``unregister()``/``close()`` silences them. Never raises for sampler problems:
     a sampler without devices yields only the sampler metrics. ``device_attributes``
     (UUID -> attributes, e.g. the recommended ``hw.model``, ``hw.serial_number``...)
-    are added to every series of that device.
+    are added to every series of that device. ``lost_at_start`` (``nvml-index-<n>``
+    identifiers of GPUs lost before start) get a ``hw.status`` series, ``failed``.
     """
     instruments = Instruments(target) if isinstance(target, Meter) else target
-    return GpuMetricsHandle(instruments, sampler, device_attributes)
+    return GpuMetricsHandle(instruments, sampler, device_attributes, lost_at_start)
 
 
 __all__ = ["GpuMetricsHandle", "register_gpu_metrics"]

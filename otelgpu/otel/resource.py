@@ -56,6 +56,9 @@ class GpuInventory:
     """UUID -> the recommended ``hw.*`` attributes NVML could read (``hw.model``,
     ``hw.driver_version``, ``hw.firmware_version``, ``hw.serial_number``); they go on
     the GPU series, not on the resource."""
+    unreadable: tuple[str, ...] = ()
+    """Devices NVML listed but could not read (``"index N: <error>"``), e.g. a GPU lost
+    before start; the rest of the inventory is still complete."""
 
 
 def _decode(value: Any) -> str:
@@ -100,11 +103,23 @@ def nvml_inventory(uuids: Sequence[str] | None = None) -> GpuInventory:
             cuda_version = None
         found: dict[str, str] = {}
         devices: dict[str, dict[str, str]] = {}
+        unreadable: list[str] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
-            found[uuid] = _decode(pynvml.nvmlDeviceGetName(handle))
+            # One device at a time: a lost or faulted GPU (GPU_IS_LOST, UNKNOWN) must not
+            # hide the others; it is named in one line and left out of the inventory.
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _decode(pynvml.nvmlDeviceGetUUID(handle))
+                found[uuid] = _decode(pynvml.nvmlDeviceGetName(handle))
+            except Exception as exc:  # noqa: BLE001 - reported below, per device
+                unreadable.append(f"index {i}: {exc!r}")
+                continue
             devices[uuid] = _device_attributes(pynvml, handle, found[uuid], driver)
+        if unreadable:
+            _logger.warning(
+                "otelgpu: GPU(s) left out of the inventory (NVML could not read them): %s",
+                "; ".join(unreadable),
+            )
         order = list(uuids) if uuids is not None else list(found)
         return GpuInventory(
             uuids=tuple(order),
@@ -112,6 +127,7 @@ def nvml_inventory(uuids: Sequence[str] | None = None) -> GpuInventory:
             driver_version=driver,
             cuda_version=cuda_version,
             devices={u: devices[u] for u in order if u in devices},
+            unreadable=tuple(unreadable),
         )
     except Exception as exc:  # noqa: BLE001 - a partial NVML is reported, not raised
         _logger.warning("otelgpu: could not read the GPU inventory: %r", exc)

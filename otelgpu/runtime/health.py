@@ -1,6 +1,9 @@
-"""GPU health events: each logged once (``otelgpu.health`` logger) and counted.
+"""GPU health events: each counted, and logged once (``otelgpu.health`` logger).
 
 Published as ``otelgpu.gpu.health.events{otelgpu.gpu.event, hw.id}``. Thread-safe.
+A storm (an XID or ECC burst: hundreds of events a second on one GPU) is counted exactly but
+logged at most ``_LOG_BURST`` lines per kind and GPU per minute, then one line saying how many
+were not logged: the host's log must stay readable, and logging must not become the cost.
 """
 
 from __future__ import annotations
@@ -20,6 +23,19 @@ _health_logger = logging.getLogger("otelgpu.health")
 
 _SEEN_LIMIT = 10_000  # events remembered for de-duplication (bounded memory)
 _OVERLAP_NS = 60_000_000_000  # events may be reported up to a minute after their timestamp
+_LOG_BURST = 5  # log lines per (kind, GPU) per window; the rest are only counted
+_LOG_WINDOW_NS = 60_000_000_000
+
+
+class _LogBudget:
+    """Per (kind, GPU): how many lines the current window has used, and how many it held back."""
+
+    __slots__ = ("held", "start_ns", "used")
+
+    def __init__(self, now_ns: int) -> None:
+        self.start_ns = now_ns
+        self.used = 0
+        self.held = 0
 
 
 class HealthMonitor:
@@ -32,6 +48,7 @@ class HealthMonitor:
         self._seen: dict[tuple[Any, ...], None] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._cursor_ns = time.time_ns()
+        self._budgets: dict[tuple[str, str], _LogBudget] = {}
 
     def poll(self) -> list[Any]:
         """New GPU health events since the last poll: logged once each and counted."""
@@ -57,7 +74,24 @@ class HealthMonitor:
                 self._counts[kind_key] = self._counts.get(kind_key, 0) + 1
                 fresh.append(event)
             self._cursor_ns = now
-        for event in fresh:
+            to_log, held = self._spend_budget(fresh, now)
+        for (kind, uuid), n in held:
+            if n == 0:  # the burst just ran out
+                _health_logger.warning(
+                    "otelgpu: GPU health events %s on %s keep coming; for the rest of the "
+                    "minute they are counted in otelgpu.gpu.health.events, not logged",
+                    kind,
+                    uuid or "?",
+                )
+            else:
+                _health_logger.warning(
+                    "otelgpu: %d more GPU health event(s) %s on %s in the last minute were "
+                    "not logged (all are counted in otelgpu.gpu.health.events)",
+                    n,
+                    kind,
+                    uuid or "?",
+                )
+        for event in to_log:
             attrs = gpu_context.event_attributes(event)
             _health_logger.warning(
                 "otelgpu: GPU health event %s on %s: %s",
@@ -67,6 +101,33 @@ class HealthMonitor:
                 extra={"otelgpu_event": attrs},
             )
         return fresh
+
+    def _spend_budget(
+        self, fresh: list[Any], now_ns: int
+    ) -> tuple[list[Any], list[tuple[tuple[str, str], int]]]:
+        """Split ``fresh`` into the events to log and notices: ``(key, 0)`` when a (kind,
+        GPU)'s burst runs out, ``(key, n)`` when its window ends with ``n`` events held back.
+        Called under the lock."""
+        held: list[tuple[tuple[str, str], int]] = []
+        for key, ended in list(self._budgets.items()):
+            if now_ns - ended.start_ns >= _LOG_WINDOW_NS:
+                if ended.held:
+                    held.append((key, ended.held))
+                del self._budgets[key]  # bounded: only keys with events in the last minute
+        to_log = []
+        for event in fresh:
+            key = (gpu_context.event_kind(event), str(getattr(event, "uuid", None) or ""))
+            budget = self._budgets.get(key)
+            if budget is None:
+                budget = self._budgets[key] = _LogBudget(now_ns)
+            if budget.used < _LOG_BURST:
+                budget.used += 1
+                to_log.append(event)
+            else:
+                if not budget.held:
+                    held.append((key, 0))
+                budget.held += 1
+        return to_log, held
 
     def counts(self) -> dict[tuple[str, str], int]:
         """(kind, uuid) -> health events seen so far."""

@@ -167,6 +167,12 @@ class DeferredSampler:
         return self._sampler
 
     @property
+    def lost_at_start(self) -> tuple[str, ...]:
+        """Identifiers (``nvml-index-<n>``) of the GPUs this process reports lost before
+        start (empty when another local rank reports them, or while start-up runs)."""
+        return tuple(e.uuid for e in self._lost_events)
+
+    @property
     def has_gpus(self) -> bool:
         """False once start-up found neither a GPU to sample nor a lost one."""
         return not self.done or self._sampler is not None or bool(self._lost_events)

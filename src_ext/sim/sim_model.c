@@ -158,6 +158,19 @@ static unsigned long long operating_point(int gpu, long long t, double temp_c, d
     return r & REASON_SUPPORTED;
 }
 
+/* An injected thermal throttle (hw_thermal, sw_thermal) stands for a cooling fault (a
+ * failed fan, a hot inlet): while it lasts the board heats towards its slowdown limit,
+ * so the temperature says why the clocks fell, as on a real board. */
+static int injected_thermal(int gpu, long long t) {
+    for (int k = 0; k < g_sim.n_throttle; k++) {
+        const sim_event *e = &g_sim.events[g_sim.idx_throttle[k]];
+        if (event_active(e, gpu, t) &&
+            ((unsigned long long)e->a & (REASON_HW_THERMAL | REASON_SW_THERMAL)))
+            return 1;
+    }
+    return 0;
+}
+
 double sim_power_w(int gpu, long long t) {
     double p;
     operating_point(gpu, t, g_sim.integ[gpu].temp_c, NULL, &p);
@@ -249,6 +262,8 @@ void sim_integrate(int gpu, long long t) {
         s->nvlink_tx_bytes += g->nvlink_tx_bps * u * dt;
         s->nvlink_rx_bytes += g->nvlink_rx_bps * u * dt;
         double target = g->ambient_c + p * g->thermal_c_per_w;
+        if (g->slowdown_c > 0 && target < g->slowdown_c + 2.0 && injected_thermal(gpu, m))
+            target = g->slowdown_c + 2.0;
         double tau = g->thermal_tau_s > 0 ? g->thermal_tau_s : 1e-9;
         s->temp_c += (target - s->temp_c) * (1.0 - exp(-dt / tau));
         if (g->shutdown_c > 0 && s->temp_c >= g->shutdown_c && g_sim.thermal_lost_ns[gpu] < 0)

@@ -77,6 +77,8 @@ def test_pipeline_demo_runs_on_the_simulator_and_reports(tmp_path: Path) -> None
     assert "otelgpu.train.step: " in text
     events = text.split("== GPU health events ==")[1].split("\n\n")[0]
     assert "throttle_start" in events and "xid" in events
+    # each injected fault lands on the step or request it happened during
+    assert "on no span" not in events, events
 
 
 def test_pipeline_report_of_missing_file_fails() -> None:
@@ -93,6 +95,31 @@ def test_pipeline_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
     buf = io.StringIO()
     assert doctor.report(buf) == 1
     assert "INVALID" in buf.getvalue() and "OTELGPU_OTLP_PROTOCOL" in buf.getvalue()
+
+
+def test_pipeline_doctor_names_a_lost_gpu_and_keeps_the_others() -> None:
+    # GPU 1 of 3 is lost before start: NVML fails every read of it (GPU_IS_LOST); the
+    # inventory still lists the two healthy GPUs and the doctor names the lost one.
+    from otelgpu import sim
+
+    sim.activate(
+        {
+            "version": 1,
+            "name": "doctor-lost",
+            "gpus": {"count": 3, "model": "H100-SXM"},
+            "event": [{"at_s": 0, "kind": "gpu_lost", "gpu": 1}],
+        },
+        clock="virtual",
+    )
+    try:
+        buf = io.StringIO()
+        assert doctor.report(buf) == 1
+    finally:
+        sim.deactivate()
+    text = buf.getvalue()
+    assert "2 GPU(s)" in text, text
+    assert text.count("NVIDIA H100 80GB HBM3  GPU-") == 2, text
+    assert "NOT READABLE (lost or faulted): index 1: NVMLError_GpuIsLost(15)" in text, text
 
 
 def test_pipeline_run_instruments_the_child(tmp_path: Path) -> None:

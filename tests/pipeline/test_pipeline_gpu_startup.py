@@ -143,6 +143,18 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
         ]
         assert {p["hw.id"] for p in points} == {d.uuid for d in sampler.devices}
         assert {p.get("hw.model") for p in points} == {"NVIDIA H100 80GB HBM3"}
+        # The lost GPU has no sampled series but its own hw.status, in the failed state.
+        status = {
+            (p.attributes["hw.id"], p.attributes["hw.state"]): p.value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "hw.status"
+            for p in m.data.data_points
+        }
+        assert status[("nvml-index-1", "failed")] == 1
+        assert status[("nvml-index-1", "ok")] == 0
+        assert {h for h, _ in status} == {d.uuid for d in sampler.devices} | {"nvml-index-1"}
         assert sampler.lost("nvml-index-1")
         counts = runtime.health_counts()
         assert counts.get(("device_lost", "nvml-index-1")) == 1, counts
@@ -193,3 +205,38 @@ def test_pipeline_sim_activation_warns_once_loudly(
     text = lines[0].getMessage()
     assert "OTELGPU_SIM=healthy-8xh100" in text and "whole process" in text
     assert "8 simulated" in text
+
+
+@pytest.mark.usefixtures("unload_sim")
+def test_pipeline_xid_storm_is_counted_exactly_and_logged_in_a_burst(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 200 XIDs on one GPU within a second: every one counted, the log keeps a short burst
+    # and one line saying the rest are counted only.
+    scenario = _scenario(2)
+    scenario["event"] = [
+        {"at_s": 1 + i / 1000, "kind": "xid", "gpu": 0, "code": 13} for i in range(200)
+    ]
+    sim.activate(scenario, clock="virtual")
+    caplog.set_level(logging.WARNING, logger="otelgpu.health")
+    handle = otelgpu.instrument(exporters="none", frameworks="none", gpu_startup_wait_ms=10_000)
+    try:
+        runtime = handle.runtime
+        assert runtime is not None
+        sim.active().advance(2.0)  # type: ignore[union-attr]
+        runtime.sampler.sample_once()
+        deadline = time.monotonic() + 10
+        counts: dict[tuple[str, str], int] = {}
+        while time.monotonic() < deadline:
+            counts = runtime.health_counts()
+            if sum(n for (kind, _), n in counts.items() if kind == "xid") >= 200:
+                break
+            time.sleep(0.05)
+        assert sum(n for (kind, _), n in counts.items() if kind == "xid") == 200, counts
+    finally:
+        handle.shutdown()
+    health = [r.getMessage() for r in caplog.records if r.name == "otelgpu.health"]
+    per_event = [m for m in health if m.startswith("otelgpu: GPU health event xid on ")]
+    assert len(per_event) == 5, health
+    notices = [m for m in health if "counted in otelgpu.gpu.health.events, not logged" in m]
+    assert len(notices) == 1, health

@@ -45,14 +45,18 @@ def live_png() -> None:
     from rich.text import Text
 
     server = f"otelgpu-shot-{os.getpid()}"
+    # The workload runs as ``python train.py`` from a scratch directory, as a user would
+    # start it (the view's title shows the command line, not this checkout's path).
+    work = Path(tempfile.mkdtemp())
+    (work / "train.py").write_text((HERE / "live_torch_workload.py").read_text())
     cmd = [
-        sys.executable, "-m", "otelgpu", "run", "--live", "--interval", "0.5", "--sim",
-        "healthy-8xh100", "-e", "OTELGPU_EXPORTERS=none", "--", sys.executable,
-        str(HERE / "live_torch_workload.py"), "120",
+        "python", "-m", "otelgpu", "run", "--live", "--interval", "0.5", "--sim",
+        "healthy-8xh100", "-e", "OTELGPU_EXPORTERS=none", "--", "python", "train.py", "120",
     ]  # fmt: skip
-    script = Path(tempfile.mkdtemp()) / "run.sh"
+    script = work / "run.sh"
     script.write_text(
-        f"cd {shlex.quote(str(ROOT))}\nexport PYTHONPATH={shlex.quote(str(ROOT))}\n"
+        f"cd {shlex.quote(str(work))}\nexport PYTHONPATH={shlex.quote(str(ROOT))}\n"
+        f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH\n"
         "unset COLUMNS LINES\n" + " ".join(shlex.quote(a) for a in cmd) + "; sleep 60\n"
     )
     subprocess.run(

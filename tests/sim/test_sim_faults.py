@@ -220,6 +220,28 @@ def test_scripted_throttle_window(sim_scenario: Activate, init: Any) -> None:
     assert hw_thermal_ns() == round(dur * 1e9)  # exactly the window, in ns
 
 
+def test_injected_thermal_throttle_heats_the_board(sim_scenario: Activate, init: Any) -> None:
+    # An injected hw_thermal window is a cooling fault: the throttled GPU heats to its
+    # slowdown limit (the reason is visible in the temperature), its neighbour does not,
+    # and it cools again once the window is over.
+    gpu = sim_scenario(_base())
+    init()
+    hot, cool = n.nvmlDeviceGetHandleByIndex(0), n.nvmlDeviceGetHandleByIndex(1)
+    slowdown = gpu.scenario.devices[0]["slowdown_temp_c"]
+    gpu.advance(120)  # both boards settle at their working temperature
+    settled = n.nvmlDeviceGetTemperature(hot, 0)
+    assert settled < slowdown - 5 and settled == n.nvmlDeviceGetTemperature(cool, 0)
+    gpu.inject("throttle", gpu=0, reason="hw_thermal", duration_s=120)
+    gpu.advance(110)
+    assert slowdown - 1 <= n.nvmlDeviceGetTemperature(hot, 0) <= slowdown + 2
+    assert n.nvmlDeviceGetTemperature(cool, 0) == settled
+    reasons = n.nvmlDeviceGetCurrentClocksEventReasons(hot)
+    assert reasons & n.nvmlClocksEventReasonHwThermalSlowdown
+    gpu.advance(200)  # window over: back to the working temperature, no throttle
+    assert n.nvmlDeviceGetTemperature(hot, 0) <= settled + 1
+    assert n.nvmlDeviceGetCurrentClocksEventReasons(hot) == 0
+
+
 def test_thermal_slowdown_when_temperature_crosses_threshold(
     sim_scenario: Activate, init: Any
 ) -> None:

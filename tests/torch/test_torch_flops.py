@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import RuntimeHarness
+from torch_helpers import RuntimeHarness, sampler_over
 
 from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 from otelgpu.instrumentation.torch._flops import FlopsCounter
@@ -62,16 +62,8 @@ def train(model: torch.nn.Module, steps: int, seq: int, *, boom: bool = False) -
 
 @pytest.fixture
 def node(sim_scenario: Any) -> Iterator[Any]:
-    from otelgpu.sampler import GpuSampler
-
-    sim_scenario(NODE, clock="wall")
-    sampler = GpuSampler(interval_s=0.01)
-    sampler.start()
-    time.sleep(0.05)
-    try:
+    with sampler_over(sim_scenario, NODE) as sampler:
         yield sampler
-    finally:
-        sampler.stop()
 
 
 @pytest.fixture
@@ -213,3 +205,20 @@ def test_failing_flop_formula_never_reaches_the_loop(
     assert counter.measured == 0
     logged = [r for r in caplog.records if "torch.flops" in r.getMessage()]
     assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_compiled_code_is_not_counted(
+    run: RuntimeHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="otelgpu.torch")
+    run.instrument()
+    model = torch.compile(Model(), backend="eager")  # Dynamo frames, no C++ compiler
+    train(model, STEPS, seq=8)
+    spans = _spans(run)
+    assert spans
+    assert not [s for s in spans if "otelgpu.train.mfu" in s]
+    counter = _counter()
+    assert counter.failure is not None and "torch.compile" in counter.failure
+    assert counter.phase == "off"
+    refused = [r for r in caplog.records if "model FLOPs not counted" in r.getMessage()]
+    assert len(refused) == 1

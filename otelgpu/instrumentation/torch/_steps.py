@@ -598,18 +598,16 @@ class StepTracker:
     def _run_probe(self) -> None:
         """Runs the probe for a step or segment that just closed, then the FLOPs source
         for a step that did (lock not held)."""
-        target = self._probe_target
-        if target is not None and self.probe is not None:
-            self._probe_target = None
-            value = self.probe()
+        probed, self._probe_target = self._probe_target, None
+        counted, self._flops_target = self._flops_target, None
+        self._fill(probed, self.probe, "probe")
+        self._fill(counted, self.flops, "flops")
+
+    def _fill(self, target: Accum | None, source: Callable[[], object] | None, name: str) -> None:
+        if target is not None and source is not None:
+            value = source()
             with self._lock:
-                target.probe = value
-        step = self._flops_target
-        if step is not None and self.flops is not None:
-            self._flops_target = None
-            flops = self.flops()
-            with self._lock:
-                step.flops = flops
+                setattr(target, name, value)
 
     def _deliver(self, records: Records) -> None:
         if not records:

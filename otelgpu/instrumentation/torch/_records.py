@@ -185,6 +185,32 @@ class Accum:
         self.end_ns = max(self.end_ns, earlier.end_ns)
         self.tail_end_ns = max(self.tail_end_ns, earlier.tail_end_ns)
 
+    def record(self, step: int, start_ns: int, end_ns: int, rule: str) -> StepRecord:
+        """The finished step: explicit samples/tokens win over those inferred."""
+        samples = self.explicit_samples
+        tokens = self.explicit_tokens
+        return StepRecord(
+            step=step,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            optimizer_steps=self.optimizer_steps,
+            skipped_optimizer_steps=self.skipped,
+            micro_batches=self.micro_batches,
+            data_wait_ns=self.data_ns,
+            data_fetches=self.data_fetches,
+            loader_startup_ns=self.loader_startup_ns,
+            comm_wait_ns=self.comm_ns,
+            comm_wait_by_op_ns=self.comm_by_op,
+            checkpoint_ns=self.checkpoint_ns,
+            optimizer_ns=self.optimizer_ns,
+            samples=self.inferred_samples if samples is None else samples,
+            tokens=self.inferred_tokens if tokens is None else tokens,
+            events=self.events,
+            probe=self.probe,
+            rule=rule,
+            flops=self.flops,
+        )
+
     @property
     def trains(self) -> bool:
         """True when this work includes a backward call or an optimizer step."""

@@ -2,7 +2,8 @@
 
 This module imports nothing from torch, so its rules are testable with any event
 sequence. The instrumentation hooks (``_patch.py``) feed it; a callback receives one
-:class:`StepRecord` per detected step.
+:class:`StepRecord` per detected step (records and rule names: ``_records.py``; the
+anchor rule's window: ``_anchor.py``).
 
 Rules (which one is in force is :attr:`StepTracker.rule`, logged once when it is decided
 or changes, and carried by every step span as ``otelgpu.train.step.rule``):
@@ -569,31 +570,7 @@ class StepTracker:
             rule = self._effective_rule_locked()
         if rule != self._announced:
             self._announced = self._announce = rule
-        samples = acc.explicit_samples if acc.explicit_samples is not None else acc.inferred_samples
-        tokens = acc.explicit_tokens if acc.explicit_tokens is not None else acc.inferred_tokens
-        return [
-            StepRecord(
-                step=self._steps,
-                start_ns=start,
-                end_ns=end_ns,
-                optimizer_steps=acc.optimizer_steps,
-                skipped_optimizer_steps=acc.skipped,
-                micro_batches=acc.micro_batches,
-                data_wait_ns=acc.data_ns,
-                data_fetches=acc.data_fetches,
-                loader_startup_ns=acc.loader_startup_ns,
-                comm_wait_ns=acc.comm_ns,
-                comm_wait_by_op_ns=acc.comm_by_op,
-                checkpoint_ns=acc.checkpoint_ns,
-                optimizer_ns=acc.optimizer_ns,
-                samples=samples,
-                tokens=tokens,
-                events=acc.events,
-                probe=acc.probe,
-                rule=rule,
-                flops=acc.flops,
-            )
-        ]
+        return [acc.record(self._steps, start, end_ns, rule)]
 
     def _run_probe(self) -> None:
         """Runs the probe for a step or segment that just closed, then the FLOPs source

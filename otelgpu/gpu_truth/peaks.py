@@ -1,9 +1,39 @@
 """Peak dense FLOP/s per GPU model and dtype: the denominator of MFU.
 
-Values are the vendors' datasheet figures for **dense** math (no 2:4 sparsity), per GPU,
-in FLOP/s. Tensor-core dtypes (``bf16``, ``fp16``, ``fp8``, ``tf32``) use the tensor-core
-peak; ``fp32`` is the non-tensor FP32 peak. An SKU not listed (or clocked differently) is
-handled by the ``peak_flops`` setting (``OTELGPU_PEAK_FLOPS``), which wins over the table.
+Every figure is **dense** (no 2:4 structured sparsity), per GPU, in FLOP/s. Vendor
+datasheets print the tensor-core figures *with* sparsity (marked ``*``) for Hopper, Ada and
+Blackwell; the table holds half of those. Tensor-core dtypes (``bf16``, ``fp16``, ``fp8``,
+``tf32``) use the tensor-core peak with FP32 accumulation (what PyTorch's matmuls use: a
+GeForce card runs FP16/FP8 with FP16 accumulation at twice that); ``fp32`` is the
+non-tensor (CUDA-core) FP32 peak. An SKU not listed (or clocked differently, e.g. a
+power-capped card) is handled by the ``peak_flops`` setting (``OTELGPU_PEAK_FLOPS``),
+which wins over the table.
+
+Sources (checked against the datasheet figures as republished on the pages named; the
+datasheet's sparse figure halved where it only prints that):
+
+* B200 -- NVIDIA HGX B200 datasheet, per-GPU column (1,000 W): FP16/BF16 4.5 PF*, FP8
+  9 PF*, TF32 2.2 PF*, FP32 75 TF (reproduced in the DGX/HGX B200 table at
+  zdszero.github.io/Computer/Artificial_Intelligence/Hardware.html; the same dense
+  figures on glennklockwood.com/garden/processors/B200). The GB200 part (1,200 W) is
+  faster (BF16 2.5 PF dense) and is not a separate row: set ``peak_flops`` for it.
+* H100 SXM / H200 SXM -- NVIDIA H100 and H200 datasheets: BF16/FP16 1,979 TF*, FP8
+  3,958 TF*, TF32 989 TF*, FP32 67 TF (same GH100 silicon and clocks; dense matrix
+  figures 989.4 / 1,978.9 / 494.7 on glennklockwood.com/garden/processors/h100).
+* H100 NVL / H200 NVL -- NVIDIA H100 NVL and H200 NVL datasheets: BF16/FP16 1,671 TF*,
+  FP8 3,341 TF*, TF32 835 TF*, FP32 60 TF. (Recalled from the datasheets; the stored
+  pages searched held no copy of these two columns.)
+* H100 PCIe -- NVIDIA H100 PCIe (80 GB) product brief / datasheet: BF16/FP16 1,513 TF*,
+  FP8 3,026 TF*, TF32 756 TF*, FP32 51 TF.
+* A100 -- NVIDIA A100 datasheet: BF16/FP16 312 TF (624*), TF32 156 TF (312*), FP32
+  19.5 TF; no FP8.
+* L40S -- NVIDIA L40S datasheet: BF16/FP16 362.05 TF (733*), FP8 733 TF (1,466*), TF32
+  183 TF (366*), FP32 91.6 TF (table reproduced at mullet.se, product 355414).
+* L4 -- NVIDIA L4 datasheet: FP16/BF16 242 TF*, FP8 485 TF*, TF32 120 TF*, FP32
+  30.3 TF (figures quoted on store.sourcecode.com and grokipedia.com "NVIDIA L4 vs L40S").
+* RTX 4090 -- NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090 column,
+  FP32 accumulation: FP16/BF16 165.2 TF (330.3*), FP8 330.3 TF (660.6*), TF32 82.6 TF,
+  FP32 82.6 TF (waredb.com/processor/nvidia-geforce-rtx-4090).
 
 Models are matched on NVML's product name (``nvmlDeviceGetName``), first rule first, so
 the more specific rules (``H100 NVL``, ``H100 PCIe``) come before the generic ``H100``.
@@ -33,11 +63,13 @@ PEAKS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
     (("a100",), "A100",
      {"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T}),
     (("l40s",), "L40S",
-     {"bf16": 362 * _T, "fp16": 362 * _T, "fp8": 733 * _T, "tf32": 183 * _T, "fp32": 91.6 * _T}),
+     {"bf16": 362.05 * _T, "fp16": 362.05 * _T, "fp8": 733 * _T, "tf32": 183 * _T,
+      "fp32": 91.6 * _T}),
     (("l4",), "L4",
-     {"bf16": 121 * _T, "fp16": 121 * _T, "fp8": 242 * _T, "tf32": 60 * _T, "fp32": 30.3 * _T}),
+     {"bf16": 121 * _T, "fp16": 121 * _T, "fp8": 242.5 * _T, "tf32": 60 * _T, "fp32": 30.3 * _T}),
     (("rtx 4090",), "RTX 4090",
-     {"bf16": 165 * _T, "fp16": 165 * _T, "fp8": 330 * _T, "tf32": 82.6 * _T, "fp32": 82.6 * _T}),
+     {"bf16": 165.2 * _T, "fp16": 165.2 * _T, "fp8": 330.3 * _T, "tf32": 82.6 * _T,
+      "fp32": 82.6 * _T}),
 )  # fmt: skip
 
 

@@ -79,9 +79,9 @@ def test_peak_table_matches_nvml_names() -> None:
     assert peaks.peak_flops("NVIDIA H200") == 989e12
     assert peaks.peak_flops("NVIDIA A100-SXM4-80GB", "tf32") == 156e12
     assert peaks.peak_flops("NVIDIA A100-SXM4-80GB", "fp8") is None  # no FP8 on Ampere
-    assert peaks.peak_flops("NVIDIA L40S") == 362e12
+    assert peaks.peak_flops("NVIDIA L40S") == 362.05e12
     assert peaks.peak_flops("NVIDIA L4") == 121e12
-    assert peaks.peak_flops("NVIDIA GeForce RTX 4090", "fp8") == 330e12
+    assert peaks.peak_flops("NVIDIA GeForce RTX 4090", "fp8") == 330.3e12
     assert peaks.peak_flops("NVIDIA B200") == 2250e12
     assert peaks.peak_flops("Tesla T4") is None
     assert "| H100 SXM | 989 |" in peaks.markdown_table()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import RuntimeHarness
+from torch_helpers import RuntimeHarness, sampler_over
 
 from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 
@@ -26,16 +26,8 @@ FLOPS = 2e12
 
 @pytest.fixture
 def node(sim_scenario: Any) -> Iterator[Any]:
-    from otelgpu.sampler import GpuSampler
-
-    sim_scenario(NODE, clock="wall")
-    sampler = GpuSampler(interval_s=0.01)
-    sampler.start()
-    time.sleep(0.05)
-    try:
+    with sampler_over(sim_scenario, NODE) as sampler:
         yield sampler
-    finally:
-        sampler.stop()
 
 
 def test_energy_per_step_is_the_samplers_window_over_steps(node: Any) -> None:

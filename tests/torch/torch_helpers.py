@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from otelgpu.instrumentation.torch._steps import StepRecord
 from otelgpu.metrics import catalog
@@ -97,3 +101,18 @@ class RuntimeHarness:
     def sketch(self, name: str) -> object:
         """The runtime's sketch histogram ``name`` (its ``series()`` hold the sketches)."""
         return self.runtime.instrument(catalog.BY_NAME[name])
+
+
+@contextlib.contextmanager
+def sampler_over(sim_scenario: Callable[..., Any], node: dict[str, Any]) -> Iterator[Any]:
+    """The real GPU sampler (10 ms) over the simulated ``node`` on the wall clock."""
+    from otelgpu.sampler import GpuSampler
+
+    sim_scenario(node, clock="wall")
+    sampler = GpuSampler(interval_s=0.01)
+    sampler.start()
+    time.sleep(0.05)
+    try:
+        yield sampler
+    finally:
+        sampler.stop()

@@ -45,6 +45,7 @@ from otelgpu.instrumentation.torch._cuda_events import (
     torch_cuda_ready,
     torch_event_factory,
 )
+from otelgpu.instrumentation.torch._flops import FlopsCounter, carry_counted_flops
 from otelgpu.instrumentation.torch._memory import CudaMemory
 from otelgpu.instrumentation.torch._session import Session
 from otelgpu.instrumentation.torch._steps import epoch_clock
@@ -156,6 +157,12 @@ def _gpu_timer(settings: TorchSettings) -> CudaEventTimer | None:
     )
 
 
+def _rule(session: Session) -> str | None:
+    """The step rule as the FLOP counter needs it (``compiled`` once a compiled step ran)."""
+    tracker = session.tracker
+    return "compiled" if tracker.compiled_optimizer_steps else tracker.rule
+
+
 class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """PyTorch training auto-instrumentation (see the module docstring)."""
 
@@ -183,6 +190,10 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             from otelgpu.instrumentation.torch._phases import PhaseHooks
 
             phases = PhaseHooks(clock, telemetry)
+        counter = None
+        if settings.count_flops and settings.flops_per_step is None:  # the setting wins
+            counter = FlopsCounter(telemetry, lambda: _rule(session))
+            telemetry.step_observers.append(carry_counted_flops(telemetry))
         session = Session(
             telemetry.step,
             telemetry if phases is None else phases.tee(telemetry),
@@ -193,7 +204,10 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             checkpoints=settings.checkpoints,
             probe=telemetry.probe,
             gpu_timer=gpu_timer,
+            flops=None if counter is None else counter.step_closed,
         )
+        if counter is not None:
+            session.extensions.append(counter)
         telemetry.gpu_timer = gpu_timer
         telemetry.ddp_modules = session.installation.ddp_modules
         telemetry.add_event = session.tracker.add_event

@@ -34,6 +34,7 @@ class TorchSettings:
     gpu_step_time: bool = False
     cuda_sync: bool = False
     flops_per_step: float | None = None
+    count_flops: bool = True
 
 
 #: The settings table (the pattern of ``otelgpu._settings``): keyword, variable, parser.
@@ -51,6 +52,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("flops_per_step", ev.OTELGPU_TORCH_FLOPS_PER_STEP, None,
             _float_range(0.0, 1e24, lo_open=True, hi_open=False),
             "a number of FLOPs in (0, 1e24]", "Model FLOPs of one step (for MFU)."),
+    Setting("count_flops", ev.OTELGPU_TORCH_COUNT_FLOPS, None, _bool, "true or false",
+            "Count one step's model FLOPs with torch's FLOP counter (for MFU)."),
 )  # fmt: skip
 
 _HOOK_KEYWORDS = (("data", "data"), ("comm", "comm"), ("checkpoints", "checkpoint"))

@@ -35,9 +35,9 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "PENDING_LIMIT",
@@ -310,21 +310,11 @@ class CudaEventTimer:
         with self._lock:
             if self._done:
                 out.ops, self._done = self._done, []
-            pending = self._pending
-            while pending:
-                mark, end = pending[0]
-                if not end.query():
-                    break
-                pending.popleft()
+            for mark, end in _take_done(self._pending):
                 out.ops.append(
                     Resolved(mark.op, mark.host_start_ns, mark.start.elapsed_time(end) / 1e3)
                 )
-            boundaries = self._boundaries
-            while boundaries:
-                index, event = boundaries[0]
-                if not event.query():
-                    break
-                boundaries.popleft()
+            for index, event in _take_done(self._boundaries):
                 last = self._last_boundary
                 # A gap (dropped boundary, CUDA not yet up) pairs nothing across it.
                 if last is not None and last[0] == index - 1:
@@ -350,3 +340,13 @@ class CudaEventTimer:
         with self._lock:
             dropped, self.dropped = self.dropped, 0
         return dropped
+
+
+_K = TypeVar("_K")
+
+
+def _take_done(queue: deque[tuple[_K, TimingEvent]]) -> Iterator[tuple[_K, TimingEvent]]:
+    """Pops the leading entries whose event has completed, oldest first (never blocks:
+    ``Event.query()``); stops at the first one still pending on the GPU."""
+    while queue and queue[0][1].query():
+        yield queue.popleft()

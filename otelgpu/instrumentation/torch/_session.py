@@ -32,6 +32,8 @@ class Session:
         data, comm, checkpoints: which hook families to install.
         probe: called when a step closes (allocator statistics); errors reported.
         gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
+        flops: model FLOPs of each step that closes (the tracker's ``flops`` source, e.g.
+            ``FlopsCounter.step_closed``); errors reported, the step then carries none.
     """
 
     def __init__(
@@ -46,9 +48,11 @@ class Session:
         checkpoints: bool = True,
         probe: Callable[[], object] | None = None,
         gpu_timer: CudaEventTimer | None = None,
+        flops: Callable[[], float | None] | None = None,
     ) -> None:
         self.sink = sink
         self._probe = probe
+        self._flops = flops
         self._on_step = on_step
         self.names: dict[int, str] = {}
         self.tracker = StepTracker(
@@ -56,6 +60,7 @@ class Session:
             clock=clock,
             step_optimizer=None if step_optimizer is None else id(step_optimizer),
             probe=None if probe is None else self._safe_probe,
+            flops=None if flops is None else self._safe_flops,
         )
         self.installation = Installation(
             self.tracker,
@@ -78,13 +83,19 @@ class Session:
             self.sink.error("torch.step", exc)
 
     def _safe_probe(self) -> object:
-        probe = self._probe
-        if probe is None:
+        return self._safe(self._probe, "torch.step_probe")
+
+    def _safe_flops(self) -> float | None:
+        flops = self._safe(self._flops, "torch.flops")
+        return flops if isinstance(flops, float | int) else None
+
+    def _safe(self, fn: Callable[[], object] | None, where: str) -> object:
+        if fn is None:
             return None
         try:
-            return probe()
+            return fn()
         except Exception as exc:  # noqa: BLE001 - never raise into the host
-            self.sink.error("torch.step_probe", exc)
+            self.sink.error(where, exc)
             return None
 
     def _on_torch(self, torch: ModuleType) -> None:

@@ -2,7 +2,8 @@
 
 This module imports nothing from torch, so its rules are testable with any event
 sequence. The instrumentation hooks (``_patch.py``) feed it; a callback receives one
-:class:`StepRecord` per detected step.
+:class:`StepRecord` per detected step (records and rule names: ``_records.py``; the
+anchor rule's window: ``_anchor.py``).
 
 Rules (which one is in force is :attr:`StepTracker.rule`, logged once when it is decided
 or changes, and carried by every step span as ``otelgpu.train.step.rule``):
@@ -65,174 +66,30 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+
+from otelgpu.instrumentation.torch._anchor import AnchorWindow
+from otelgpu.instrumentation.torch._records import (
+    RULE_BACKWARD,
+    RULE_COMPILED,
+    RULE_ENGINE,
+    RULE_OPTIMIZER,
+    RULE_STEP_OPTIMIZER,
+    RULE_TEXT,
+    RULES,
+    Accum,
+    Clock,
+    Records,
+    StepRecord,
+    add,
+    epoch_clock,
+)
 
 __all__ = ["RULES", "Clock", "StepRecord", "StepTracker", "epoch_clock"]
 
 _logger = logging.getLogger("otelgpu.torch")
 
-RULE_OPTIMIZER = "optimizer"
-RULE_STEP_OPTIMIZER = "step_optimizer"
-RULE_COMPILED = "compiled"
-RULE_BACKWARD = "backward"
-RULE_ENGINE = "engine"
-RULES = (RULE_OPTIMIZER, RULE_STEP_OPTIMIZER, RULE_COMPILED, RULE_BACKWARD, RULE_ENGINE)
-"""Step rules (see the module docstring); ``otelgpu.train.step.rule`` takes these values."""
-
-_RULE_TEXT = {
-    RULE_OPTIMIZER: "at the least frequently stepping optimizer's step",
-    RULE_STEP_OPTIMIZER: "at the step of the optimizer given as step_optimizer",
-    RULE_COMPILED: (
-        "at the end of each call of the torch.compile'd function that steps the optimizer"
-    ),
-    RULE_BACKWARD: "at each backward call (no optimizer step hook fired)",
-    RULE_ENGINE: "at the engine's own step (DeepSpeed)",
-}
-
 _BACKWARD_MARK = "backward"
-
-Clock = Callable[[], int]
-Records = Sequence["StepRecord"]
-
-
-def epoch_clock() -> Clock:
-    """A monotonic nanosecond clock on the ``time.time_ns()`` epoch (offset fixed once)."""
-    offset = time.time_ns() - time.perf_counter_ns()
-    perf = time.perf_counter_ns
-
-    def now() -> int:
-        return perf() + offset
-
-    return now
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """One training step (iteration). Times are ns on the tracker's clock.
-
-    ``samples``/``tokens`` are ``None`` when neither inferred from batches nor given.
-    ``comm_wait_by_op_ns`` maps a collective name (``all_reduce``) to its host wait.
-    """
-
-    step: int
-    start_ns: int
-    end_ns: int
-    optimizer_steps: int = 0
-    skipped_optimizer_steps: int = 0
-    micro_batches: int = 0
-    data_wait_ns: int = 0
-    data_fetches: int = 0
-    loader_startup_ns: int = 0
-    comm_wait_ns: int = 0
-    comm_wait_by_op_ns: dict[str, int] = field(default_factory=dict)
-    checkpoint_ns: int = 0
-    optimizer_ns: int = 0
-    samples: int | None = None
-    tokens: int | None = None
-    events: list[tuple[str, int, dict[str, object]]] = field(default_factory=list)
-    probe: object = None
-    rule: str = ""
-
-    @property
-    def duration_ns(self) -> int:
-        """End minus start (ns)."""
-        return self.end_ns - self.start_ns
-
-    @property
-    def skipped(self) -> bool:
-        """True when every optimizer step in this step was skipped (inf/NaN gradients)."""
-        return self.optimizer_steps > 0 and self.skipped_optimizer_steps == self.optimizer_steps
-
-    @property
-    def compute_ns(self) -> int:
-        """Host time not spent waiting for data, collectives or checkpoints (>= 0)."""
-        waits = self.data_wait_ns + self.comm_wait_ns + self.checkpoint_ns
-        return max(0, self.duration_ns - waits)
-
-
-class _Accum:
-    """Mutable accumulators of the step (or warm-up segment) in progress."""
-
-    __slots__ = (
-        "checkpoint_ns",
-        "comm_by_op",
-        "comm_ns",
-        "data_fetches",
-        "data_ns",
-        "end_ns",
-        "events",
-        "explicit_samples",
-        "explicit_tokens",
-        "inferred_samples",
-        "inferred_tokens",
-        "loader_startup_ns",
-        "marks",
-        "micro_batches",
-        "optimizer_ns",
-        "optimizer_steps",
-        "probe",
-        "skipped",
-        "tail_end_ns",
-    )
-
-    def __init__(self) -> None:
-        self.optimizer_steps = 0
-        self.skipped = 0
-        self.micro_batches = 0
-        self.data_ns = 0
-        self.data_fetches = 0
-        self.loader_startup_ns = 0
-        self.comm_ns = 0
-        self.comm_by_op: dict[str, int] = {}
-        self.checkpoint_ns = 0
-        self.optimizer_ns = 0
-        self.explicit_samples: int | None = None
-        self.explicit_tokens: int | None = None
-        self.inferred_samples: int | None = None
-        self.inferred_tokens: int | None = None
-        self.events: list[tuple[str, int, dict[str, object]]] = []
-        self.probe: object = None
-        self.end_ns = 0
-        self.tail_end_ns = 0
-        self.marks: tuple[object, ...] = ()
-
-    def absorb_earlier(self, earlier: _Accum) -> None:
-        """Adds ``earlier`` (the work just before this) into this accumulator."""
-        self.optimizer_steps += earlier.optimizer_steps
-        self.skipped += earlier.skipped
-        self.micro_batches += earlier.micro_batches
-        self.data_ns += earlier.data_ns
-        self.data_fetches += earlier.data_fetches
-        self.loader_startup_ns += earlier.loader_startup_ns
-        self.comm_ns += earlier.comm_ns
-        for op, ns in earlier.comm_by_op.items():
-            self.comm_by_op[op] = self.comm_by_op.get(op, 0) + ns
-        self.checkpoint_ns += earlier.checkpoint_ns
-        self.optimizer_ns += earlier.optimizer_ns
-        self.explicit_samples = _add(earlier.explicit_samples, self.explicit_samples)
-        self.explicit_tokens = _add(earlier.explicit_tokens, self.explicit_tokens)
-        self.inferred_samples = _add(earlier.inferred_samples, self.inferred_samples)
-        self.inferred_tokens = _add(earlier.inferred_tokens, self.inferred_tokens)
-        if earlier.events:
-            self.events = (earlier.events + self.events)[-16:]
-        if self.probe is None:
-            self.probe = earlier.probe
-        self.end_ns = max(self.end_ns, earlier.end_ns)
-        self.tail_end_ns = max(self.tail_end_ns, earlier.tail_end_ns)
-
-    @property
-    def trains(self) -> bool:
-        """True when this work includes a backward call or an optimizer step."""
-        return bool(self.micro_batches or self.optimizer_steps)
-
-
-def _add(total: int | None, value: int | None) -> int | None:
-    if value is None:
-        return total
-    return value if total is None else total + value
 
 
 class StepTracker:
@@ -255,6 +112,10 @@ class StepTracker:
         probe: called (outside the lock) the moment a step or segment closes; its result
             is kept as :attr:`StepRecord.probe` (e.g. allocator statistics at the step's
             end, before the next forward allocates activations). Exceptions propagate.
+        flops: called (outside the lock, on the thread that closed it, after ``probe``)
+            the moment a *step* closes once the rule is decided -- never for warm-up
+            segments; its result is kept as :attr:`StepRecord.flops` (the FLOP counter
+            of ``_flops.py`` counts between two calls). Exceptions propagate.
     """
 
     def __init__(
@@ -269,22 +130,22 @@ class StepTracker:
         max_segments: int = 128,
         max_warmup_ns: int = 60_000_000_000,
         probe: Callable[[], object] | None = None,
+        flops: Callable[[], float | None] | None = None,
     ) -> None:
         self._emit = emit
         self.probe = probe
-        self._probe_target: _Accum | None = None
+        self._probe_target: Accum | None = None
+        self.flops = flops
+        self._flops_target: Accum | None = None
         self.clock: Clock = clock if clock is not None else epoch_clock()
         self._lock = threading.Lock()
-        self._window: deque[int] = deque(maxlen=window)
-        self._counts: dict[int, int] = {}
-        self._last_seen: dict[int, int] = {}
-        self._seq = 0
+        self._anchors = AnchorWindow(window)
         self.step_optimizer = step_optimizer
         self._steps = 0
         self._start_ns: int | None = None
-        self._acc = _Accum()
-        self._pending: tuple[int, _Accum] | None = None  # (end_ns, accumulators)
-        self._segments: list[_Accum] = []
+        self._acc = Accum()
+        self._pending: tuple[int, Accum] | None = None  # (end_ns, accumulators)
+        self._segments: list[Accum] = []
         self._rule: str | None = RULE_STEP_OPTIMIZER if step_optimizer is not None else None
         self._announce: str | None = None
         self._warmup = max(1, min(warmup, window))
@@ -400,7 +261,7 @@ class StepTracker:
             if self._engine_depth:
                 self._engine_posts += 1
             else:
-                self._observe_locked(key)
+                self._anchors.observe(key)
                 if self._rule is None:
                     self._close_segment_locked(t, ("opt", key))
                     self._absorbing = True
@@ -496,8 +357,8 @@ class StepTracker:
             acc = self._acc
             acc.data_ns += end_ns - start_ns
             acc.data_fetches += 1
-            acc.inferred_samples = _add(acc.inferred_samples, samples)
-            acc.inferred_tokens = _add(acc.inferred_tokens, tokens)
+            acc.inferred_samples = add(acc.inferred_samples, samples)
+            acc.inferred_tokens = add(acc.inferred_tokens, tokens)
         self._deliver(done)
 
     def batch_consumed(self, samples: int | None, tokens: int | None) -> None:
@@ -506,8 +367,8 @@ class StepTracker:
         with self._lock:
             done = self._settle_locked()
             acc = self._acc
-            acc.inferred_samples = _add(acc.inferred_samples, samples)
-            acc.inferred_tokens = _add(acc.inferred_tokens, tokens)
+            acc.inferred_samples = add(acc.inferred_samples, samples)
+            acc.inferred_tokens = add(acc.inferred_tokens, tokens)
         self._deliver(done)
 
     def loader_startup(self, start_ns: int, end_ns: int) -> None:
@@ -548,8 +409,8 @@ class StepTracker:
         """User-given batch size: replaces inferred values for the step in progress."""
         with self._lock:
             acc = self._acc
-            acc.explicit_samples = _add(acc.explicit_samples, samples)
-            acc.explicit_tokens = _add(acc.explicit_tokens, tokens)
+            acc.explicit_samples = add(acc.explicit_samples, samples)
+            acc.explicit_tokens = add(acc.explicit_tokens, tokens)
 
     def add_event(
         self, name: str, attributes: dict[str, object], now_ns: int | None = None
@@ -581,7 +442,7 @@ class StepTracker:
                 acc.absorb_earlier(tail)  # sums; ``acc`` keeps its probe (taken at its end)
                 acc.events = events[-16:]
                 self._pending = (tail.tail_end_ns, acc)
-                self._acc = _Accum()
+                self._acc = Accum()
             done = (*done, *self._settle_locked())
         self._deliver(done)
 
@@ -606,31 +467,10 @@ class StepTracker:
             self._pending = (t, acc)
         return True
 
-    def _observe_locked(self, key: int) -> None:
-        window = self._window
-        if len(window) == window.maxlen:
-            old = window[0]
-            c = self._counts[old] - 1
-            if c:
-                self._counts[old] = c
-            else:
-                del self._counts[old]
-                self._last_seen.pop(old, None)
-        window.append(key)
-        self._counts[key] = self._counts.get(key, 0) + 1
-        self._seq += 1
-        self._last_seen[key] = self._seq
-
     def _anchor_locked(self) -> int | None:
         if self.step_optimizer is not None:
             return self.step_optimizer
-        best: int | None = None
-        best_rank = (0, 0)
-        for key, count in self._counts.items():
-            rank = (count, -self._last_seen[key])
-            if best is None or rank < best_rank:
-                best, best_rank = key, rank
-        return best
+        return self._anchors.anchor()
 
     def _is_boundary_locked(self, key: int) -> bool:
         if self.step_optimizer is not None:
@@ -646,7 +486,8 @@ class StepTracker:
         acc.end_ns = end_ns
         self._pending = (end_ns, acc)
         self._probe_target = acc if self.probe is not None else None
-        self._acc = _Accum()
+        self._flops_target = acc if self.flops is not None else None
+        self._acc = Accum()
         # Until the next step's work begins, further optimizer firings belong here.
         self._absorbing = True
 
@@ -657,7 +498,7 @@ class StepTracker:
         acc.marks += (mark,)
         self._segments.append(acc)
         self._probe_target = acc if self.probe is not None else None
-        self._acc = _Accum()
+        self._acc = Accum()
         self._absorbing = False
 
     def _best_rule_locked(self) -> str:
@@ -678,9 +519,9 @@ class StepTracker:
         )
         if self.total_optimizer_steps:
             anchor = self._anchor_locked()
-            seen = sum(self._counts.values())
+            anchors = self._anchors
             if forced or (
-                anchor is not None and self._counts[anchor] >= 2 and seen >= self._warmup
+                anchor is not None and anchors.count(anchor) >= 2 and anchors.seen >= self._warmup
             ):
                 return self._decide_locked(RULE_OPTIMIZER)
         elif forced or self._backwards_without_optimizer >= self._backward_only_after:
@@ -698,7 +539,7 @@ class StepTracker:
         boundary: object = ("opt", anchor) if rule == RULE_OPTIMIZER else _BACKWARD_MARK
         done: list[StepRecord] = []
         absorbing = self._absorbing
-        current: _Accum | None = None
+        current: Accum | None = None
         for segment in self._segments:
             if current is not None:
                 segment.absorb_earlier(current)
@@ -729,40 +570,21 @@ class StepTracker:
             rule = self._effective_rule_locked()
         if rule != self._announced:
             self._announced = self._announce = rule
-        samples = acc.explicit_samples if acc.explicit_samples is not None else acc.inferred_samples
-        tokens = acc.explicit_tokens if acc.explicit_tokens is not None else acc.inferred_tokens
-        return [
-            StepRecord(
-                step=self._steps,
-                start_ns=start,
-                end_ns=end_ns,
-                optimizer_steps=acc.optimizer_steps,
-                skipped_optimizer_steps=acc.skipped,
-                micro_batches=acc.micro_batches,
-                data_wait_ns=acc.data_ns,
-                data_fetches=acc.data_fetches,
-                loader_startup_ns=acc.loader_startup_ns,
-                comm_wait_ns=acc.comm_ns,
-                comm_wait_by_op_ns=acc.comm_by_op,
-                checkpoint_ns=acc.checkpoint_ns,
-                optimizer_ns=acc.optimizer_ns,
-                samples=samples,
-                tokens=tokens,
-                events=acc.events,
-                probe=acc.probe,
-                rule=rule,
-            )
-        ]
+        return [acc.record(self._steps, start, end_ns, rule)]
 
     def _run_probe(self) -> None:
-        """Runs the probe for a step or segment that just closed (lock not held)."""
-        target = self._probe_target
-        if target is None or self.probe is None:
-            return
-        self._probe_target = None
-        value = self.probe()
-        with self._lock:
-            target.probe = value
+        """Runs the probe for a step or segment that just closed, then the FLOPs source
+        for a step that did (lock not held)."""
+        probed, self._probe_target = self._probe_target, None
+        counted, self._flops_target = self._flops_target, None
+        self._fill(probed, self.probe, "probe")
+        self._fill(counted, self.flops, "flops")
+
+    def _fill(self, target: Accum | None, source: Callable[[], object] | None, name: str) -> None:
+        if target is not None and source is not None:
+            value = source()
+            with self._lock:
+                setattr(target, name, value)
 
     def _deliver(self, records: Records) -> None:
         if not records:
@@ -770,6 +592,6 @@ class StepTracker:
         announce = self._announce
         if announce is not None:
             self._announce = None
-            _logger.info("otelgpu torch: training steps end %s", _RULE_TEXT.get(announce, announce))
+            _logger.info("otelgpu torch: training steps end %s", RULE_TEXT.get(announce, announce))
         for record in records:
             self._emit(record)

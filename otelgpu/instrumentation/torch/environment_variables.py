@@ -42,4 +42,12 @@ Keyword: ``cuda_sync``."""
 OTELGPU_TORCH_FLOPS_PER_STEP = "OTELGPU_TORCH_FLOPS_PER_STEP"
 """Model FLOPs of one optimizer step (a number > 0, e.g. ``6 * params * tokens_per_step`` or
 the count of ``otelgpu.gpu_truth.flops.count_flops``); enables ``otelgpu.train.mfu`` on step
-spans and its sketch. Keyword: ``flops_per_step``."""
+spans and its sketch. Keyword: ``flops_per_step``. Set, it wins over the counted figure
+(``OTELGPU_TORCH_COUNT_FLOPS``): nothing is counted."""
+
+OTELGPU_TORCH_COUNT_FLOPS = "OTELGPU_TORCH_COUNT_FLOPS"
+"""``true``/``false`` (default ``true``): without ``OTELGPU_TORCH_FLOPS_PER_STEP``, count the
+model FLOPs of one early step with ``torch.utils.flop_counter.FlopCounterMode`` (again
+when the input shapes change, at most 8 shapes) for ``otelgpu.train.mfu``. The counted step
+runs about 1.5-3x slower on CPU; it carries no MFU itself. Not counted (logged once) under
+``torch.compile`` or DeepSpeed. Keyword: ``count_flops``."""

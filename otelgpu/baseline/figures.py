@@ -39,6 +39,9 @@ class Figure:
     summary: str
     runbook: str
     cap: float | None = None
+    #: For a sketch figure: the quantile it is, learned from the store's merged
+    #: histogram buckets when they exist (``otelgpu.baseline.merge``).
+    quantile: float | None = None
 
     def threshold(self, reference: float) -> float:
         """The alert threshold from the history's reference figure (p99 or p1)."""
@@ -110,6 +113,7 @@ FIGURES: tuple[Figure, ...] = (
         "Compare with the baseline run: input pipeline (data-wait share), communication "
         "(comm-wait share), throttling, a code or config change. `otelgpu report` on a "
         "recording of the slow run names the phase that grew.",
+        quantile=0.95,
     ),
     Figure(
         "train_data_wait_share",
@@ -179,6 +183,7 @@ FIGURES: tuple[Figure, ...] = (
         "p95 checkpoint duration above its baseline",
         "Checkpoint storage got slower or checkpoints got bigger; check the storage "
         "backend's throughput and the checkpoint size.",
+        quantile=0.95,
     ),
     Figure(
         "inference_request_p99",
@@ -196,6 +201,7 @@ FIGURES: tuple[Figure, ...] = (
         "p99 request latency above its baseline",
         "Longer prompts/outputs, a larger batch, KV-cache pressure (preemptions) or a "
         "throttled GPU: compare TTFT, queue length and KV-cache usage with the baseline.",
+        quantile=0.99,
     ),
     Figure(
         "inference_ttft_p99",
@@ -213,6 +219,7 @@ FIGURES: tuple[Figure, ...] = (
         "p99 time to first token above its baseline",
         "Requests queue before prefill: check the queue length, prefill batch size and "
         "whether the replica count matches the load.",
+        quantile=0.99,
     ),
     Figure(
         "inference_error_rate",

@@ -18,7 +18,7 @@ import re
 from otelgpu.metrics import catalog
 from otelgpu.metrics.spec import Kind, MetricSpec
 
-__all__ = ["PATHS", "metric_name", "spec"]
+__all__ = ["PATHS", "histogram_name", "metric_name", "spec"]
 
 PATHS = ("pull", "otlp")
 
@@ -63,3 +63,14 @@ def metric_name(name: str, path: str = "pull") -> str:
     if entry.kind in _COUNTERS:
         return f"{base}{unit}_total"
     return base + unit
+
+
+def histogram_name(name: str) -> str:
+    """The histogram family of sketch metric ``name`` in a store, on either path: the pull
+    endpoint's classic histogram and the OTLP exponential histogram (Prometheus naming)
+    share it; the series are ``<family>_bucket`` (``le`` or ``vmrange``) and
+    ``<family>_count``."""
+    entry = spec(name)
+    if entry.kind is not Kind.SKETCH:
+        raise ValueError(f"{name} is not a sketch metric (no histogram)")
+    return metric_name(name, "otlp").removesuffix("_bucket")

@@ -99,11 +99,15 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def _margin_text(fig: Figure, e: Entry) -> str:
-    ref = "p99" if e.direction == "upper" else "p1"
+    ref = "p99 of history" if e.direction == "upper" else "p1 of history"
+    if fig.quantile is not None and e.resolution is not None:
+        # Learned from merged histogram buckets: the quantile at its bucket's edge.
+        ref = f"p{fig.quantile * 100:g} of the merged histogram (bucket resolution "
+        ref += f"{e.resolution:.1%})"
     sign = "+" if e.direction == "upper" else "-"
     margin = f"{e.margin:.0%}" if e.relative else _fmt(e.margin, e.unit)
     capped = f", capped at {_fmt(fig.cap, e.unit)}" if fig.cap is not None else ""
-    return f"{ref} of history {_fmt(e.reference, e.unit)} {sign} {margin}{capped}"
+    return f"{ref} {_fmt(e.reference, e.unit)} {sign} {margin}{capped}"
 
 
 def rule_for(

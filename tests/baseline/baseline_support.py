@@ -38,10 +38,13 @@ __all__ = [
     "EXPECTED_ALERTS",
     "LiveTarget",
     "PrometheusServer",
+    "Webhook",
     "backfill",
+    "cli",
     "free_port",
     "openmetrics_history",
     "require_binaries",
+    "start_alertmanager",
     "start_store",
     "wait_until",
 ]
@@ -163,6 +166,17 @@ def openmetrics_history(end: float, duration_s: float, step_s: float = 60.0, see
     return "\n".join(out) + "\n"
 
 
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m otelgpu ARGS`` (the real command line), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "otelgpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def backfill(directory: Path, end: float, duration_s: float) -> Path:
     """A Prometheus data directory holding ``duration_s`` of healthy history up to ``end``."""
     promtool = require_binaries("promtool")["promtool"]
@@ -266,3 +280,80 @@ class LiveTarget:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: records every delivered (status, alertname)."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[str, str, dict[str, str]]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                for alert in body["alerts"]:
+                    hook.deliveries.append(
+                        (alert["status"], alert["labels"]["alertname"], alert["labels"])
+                    )
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def firing(self) -> set[str]:
+        return {name for status, name, _ in self.deliveries if status == "firing"}
+
+
+def start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.Popen[bytes], int]:
+    binary = require_binaries("prometheus-alertmanager")["prometheus-alertmanager"]
+    config = {
+        "route": {
+            "receiver": "hook",
+            "group_by": ["alertname"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {
+                "name": "hook",
+                "webhook_configs": [
+                    {"url": f"http://127.0.0.1:{webhook.port}/", "send_resolved": False}
+                ],
+            }
+        ],
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "am.yml").write_text(json.dumps(config))
+    port = free_port()
+    log = open(directory / "am.log", "wb")  # noqa: SIM115 (kept open for the process)
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={directory / 'am.yml'}",
+            f"--storage.path={directory / 'am'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+    def ready() -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    assert wait_until(ready, 15), (directory / "am.log").read_text()
+    return process, port

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 
@@ -39,9 +40,11 @@ __all__ = [
     "LiveTarget",
     "PrometheusServer",
     "Webhook",
+    "alerting_config",
     "backfill",
     "cli",
     "free_port",
+    "http_ok",
     "openmetrics_history",
     "require_binaries",
     "start_alertmanager",
@@ -309,6 +312,16 @@ class Webhook:
     def firing(self) -> set[str]:
         return {name for status, name, _ in self.deliveries if status == "firing"}
 
+    def settle(
+        self, expected: set[str], timeout: float = 45.0
+    ) -> tuple[set[str], list[tuple[str, str, dict[str, str]]]]:
+        """Wait until ``expected`` have fired (at most ``timeout`` s), then 5 s more so
+        that anything else that would fire has had time to; the alert names fired and
+        every delivery so far."""
+        wait_until(lambda: self.firing() >= expected, timeout)
+        time.sleep(5)
+        return self.firing(), list(self.deliveries)
+
 
 def start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.Popen[bytes], int]:
     binary = require_binaries("prometheus-alertmanager")["prometheus-alertmanager"]
@@ -346,14 +359,33 @@ def start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.Po
         stdin=subprocess.DEVNULL,
     )
 
-    def ready() -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    assert wait_until(ready, 15), (directory / "am.log").read_text()
+    ready = f"http://127.0.0.1:{port}/-/ready"
+    assert wait_until(lambda: http_ok(ready), 15), (directory / "am.log").read_text()
     return process, port
+
+
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 now (a server's readiness or health endpoint)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def alerting_config(
+    rules: Path, alertmanager_port: int, scrape_configs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A Prometheus configuration for the end-to-end tests: 1 s scrapes and evaluations
+    (``scrape_interval`` overridable per scrape config), ``rules`` evaluated and sent to
+    the Alertmanager on ``alertmanager_port``."""
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "alerting": {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]
+        },
+        "scrape_configs": scrape_configs,
+    }

@@ -23,9 +23,11 @@ from baseline_support import (
     EXPECTED_ALERTS,
     LiveTarget,
     Webhook,
+    alerting_config,
     backfill,
     cli,
     free_port,
+    http_ok,
     require_binaries,
     start_alertmanager,
     start_store,
@@ -330,13 +332,10 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     webhook = Webhook()
     target = LiveTarget()
     am, am_port = start_alertmanager(directory / "am", webhook)
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "alerting": {
-            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]
-        },
-        "scrape_configs": [
+    config = alerting_config(
+        rules,
+        am_port,
+        [
             {
                 "job_name": job,
                 "metrics_path": f"/{job}",
@@ -344,7 +343,7 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             }
             for job in ("train", "serve")
         ],
-    }
+    )
     store = start_store(directory / "prom", config)
     state: dict[str, Any] = {"store": store, "webhook": webhook}
     try:
@@ -354,10 +353,7 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         state["healthy_firing"] = webhook.firing()
         state["healthy_pending"] = store.api("alerts")["alerts"]
         target.faulty = True
-        wait_until(lambda: webhook.firing() >= EXPECTED_ALERTS, 45)
-        time.sleep(5)  # anything else that would fire has had time to
-        state["faulty_firing"] = webhook.firing()
-        state["deliveries"] = list(webhook.deliveries)
+        state["faulty_firing"], state["deliveries"] = webhook.settle(EXPECTED_ALERTS)
         yield state
     finally:
         store.stop()
@@ -488,15 +484,7 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
             return list(json.loads(r.read())["data"]["result"])
 
     try:
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        assert wait_until(healthy, 15)
+        assert wait_until(lambda: http_ok(f"{url}/health"), 15)
         demo = Path(__file__).with_name("otlp_demo.py")
         run = subprocess.run(
             [sys.executable, str(demo), f"{url}/opentelemetry", "5"],

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from baseline_support import (
     Webhook,
+    alerting_config,
     cli,
     free_port,
     start_alertmanager,
@@ -69,23 +70,24 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     webhook = Webhook()
     am, am_port = start_alertmanager(directory / "am", webhook)
     port = free_port()
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "alerting": {
-            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]
-        },
-        "scrape_configs": [
-            {"job_name": "serve", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-        ],
+    # 2 s scrapes: a run's pull endpoint answers within them even on a loaded machine.
+    scrape = {
+        "job_name": "serve",
+        "scrape_interval": "2s",
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
     }
+    config = alerting_config(rules, am_port, [scrape])
     store = start_store(directory / "prom", config, extra=("--web.enable-lifecycle",))
     state: dict[str, Any] = {"store": store, "webhook": webhook, "dir": directory}
     healthy = faulty = None
     try:
         healthy = _run(port, HISTORY_S + 25, "healthy", directory / "healthy.log")
-        assert wait_until(lambda: store.query("up == 1"), 30), directory / "healthy.log"
-        first = time.time()
+        # The window starts once the run's request histogram has been scraped.
+        family = histogram_name("gen_ai.server.request.duration")
+        assert wait_until(lambda: store.query(f"{family}_count > 0"), 30), (
+            directory / "healthy.log"
+        ).read_text()
+        state["first"] = first = time.time()
         time.sleep(HISTORY_S)
         end = time.time()
         assert end - first >= HISTORY_S
@@ -94,7 +96,9 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "--end", f"{end:.3f}", "--step", "1s", "--min-coverage", "0.7",
             "--min-samples", "15", "--out", str(directory / "baseline.json"),
         )  # fmt: skip
-        assert learn.returncode == 0, learn.stdout + learn.stderr
+        scrapes = store.query(f"max_over_time(scrape_duration_seconds[{HISTORY_S}s])")
+        state["scrape_s"] = float(scrapes[0]["value"][1]) if scrapes else None
+        assert learn.returncode == 0, learn.stdout + learn.stderr + f" scrape {state['scrape_s']}"
         made = cli(
             "baseline", "rules", str(directory / "baseline.json"), "--out", str(rules),
             "--for", "3s", "--rate-window", "10s",
@@ -109,10 +113,7 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         healthy.terminate()
         healthy.wait(30)
         faulty = _run(port, 60, "faulty", directory / "faulty.log")
-        wait_until(lambda: webhook.firing() >= EXPECTED, 45)
-        time.sleep(5)  # anything else that would fire has had time to
-        state["faulty_firing"] = webhook.firing()
-        state["deliveries"] = list(webhook.deliveries)
+        state["faulty_firing"], state["deliveries"] = webhook.settle(EXPECTED)
         yield state
     finally:
         for process in (healthy, faulty):
@@ -127,7 +128,7 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 def test_baseline_sim_runs_learn_latency_from_merged_buckets(loop: dict[str, Any]) -> None:
     baseline = load(loop["dir"] / "baseline.json")
-    print(loop["learn"].stdout)
+    print(loop["learn"].stdout, f"longest scrape {loop['scrape_s']} s")
     assert baseline.version == 2
     learned_from = baseline.source["learned_from"]
     assert learned_from["inference_request_p99"] == "histogram buckets (le)"
@@ -149,7 +150,7 @@ def test_baseline_sim_runs_learn_latency_from_merged_buckets(loop: dict[str, Any
         "query", query=f"sum(increase({family}_count[{HISTORY_S}s]))", time=f"{end:.3f}"
     )["result"]
     assert latency.samples == round(float(counted["value"][1]))
-    assert latency.samples >= 200
+    assert latency.samples >= 1000  # about 100 requests a second for 20 s
     # The run's requests: p99 of a lognormal(-2.2, 0.15) is about 156 ms.
     assert 0.156 <= latency.reference < 0.156 * 2**0.5 * 1.05
 
@@ -167,3 +168,36 @@ def test_baseline_sim_runs_faulty_run_delivers_exactly_the_expected_alerts(
     assert labels["OtelgpuBaselineLatencyRegression"]["gen_ai_request_model"] == "tiny-gpt"
     assert labels["OtelgpuBaselineThrottling"]["hw_name"]
     assert labels["OtelgpuGpuXidCritical"]["otelgpu_gpu_xid_code"] == "119"
+
+
+def test_baseline_sim_runs_merge_across_the_restart(loop: dict[str, Any]) -> None:
+    # A window over both runs: the request counters restart with the second process, the
+    # store's increase() counts across the reset, and the merged buckets hold both runs.
+    from otelgpu.baseline.history import PromHistory
+    from otelgpu.baseline.learn import Requirements, learn_prometheus
+
+    store, end = loop["store"], time.time()
+    window = round(end - loop["first"])
+    both = learn_prometheus(
+        PromHistory(store.url),
+        window_s=window,
+        end=end,
+        step_s=1.0,
+        requirements=Requirements(min_coverage=0.5, min_samples=15),
+    )
+    key = {"job": "serve", "gen_ai_request_model": "tiny-gpt"}
+    latency, healthy = (
+        both.entry("inference_request_p99", key),
+        load(loop["dir"] / "baseline.json").entry("inference_request_p99", key),
+    )
+    assert latency is not None and healthy is not None
+    family = histogram_name("gen_ai.server.request.duration")
+    resets = store.api("query", query=f"resets({family}_count[{window}s])", time=f"{end:.3f}")
+    assert sum(float(r["value"][1]) for r in resets["result"]) >= 1  # the restart is in it
+    (counted,) = store.api(
+        "query", query=f"sum(increase({family}_count[{window}s]))", time=f"{end:.3f}"
+    )["result"]
+    assert latency.samples == round(float(counted["value"][1]))
+    assert latency.samples > healthy.samples
+    # More than 1 % of the requests are the faulty run's (3x slower): p99 moves up.
+    assert latency.reference >= 2 * healthy.reference

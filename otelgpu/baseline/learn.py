@@ -148,21 +148,32 @@ def learn_prometheus(
     problems: list[str] = []
     absent: list[str] = []
     learned_from: dict[str, str] = {}
+    gauges: list[str] = []  # sketch figures (some keys of) learned from quantile gauges
     for fig in FIGURES:
+        # Keys learned from histogram buckets; the expression's series cover the rest.
+        covered: set[tuple[str, ...]] = set()
         if fig.quantile is not None:
             found = _learn_histogram(history, fig, span)
             if found is not None:
-                entries.extend(found[0])
-                problems.extend(found[1])
-                learned_from[fig.id] = found[2]
-                if keep_values is not None:
-                    _keep(history, fig, span, path, keep_values)
-                continue
+                entries.extend(found.entries)
+                problems.extend(found.problems)
+                learned_from[fig.id] = found.how
+                covered = found.keys
         series = [s for s in history.range(fig.query(path=path), start, end, step) if s.points]
+        if keep_values is not None:  # the alert expression's own history, for tighten
+            for s in series:
+                labels = {k: s.labels.get(k, "") for k in fig.keys}
+                keep_values[(fig.id, _label_text(labels))] = s.points
+        series = [s for s in series if tuple(s.labels.get(k, "") for k in fig.keys) not in covered]
         if not series:
-            absent.append(fig.id)
+            if not covered:
+                absent.append(fig.id)
             continue
-        learned_from[fig.id] = _GAUGES if fig.quantile is not None else "series"
+        if fig.quantile is None:
+            learned_from[fig.id] = "series"
+        else:
+            gauges.append(fig.id)
+            learned_from[fig.id] = f"{found.how} + {_GAUGES}" if covered and found else _GAUGES
         for s in series:
             labels = {k: s.labels.get(k, "") for k in fig.keys}
             coverage = span.coverage(len(s.points))
@@ -171,8 +182,6 @@ def learn_prometheus(
                 problems.append(problem)
                 continue
             entries.append(entry_from_values(fig, labels, (v for _, v in s.points), coverage))
-            if keep_values is not None:
-                keep_values[(fig.id, _label_text(labels))] = s.points
     source: dict[str, Any] = {
         "kind": "prometheus",
         "path": path,
@@ -184,12 +193,11 @@ def learn_prometheus(
         "absent": absent,
         "learned_from": learned_from,
     }
-    if _GAUGES in learned_from.values():
+    if gauges:
         source["note"] = (
-            "no histogram series in the store for "
-            + ", ".join(f for f, how in learned_from.items() if how == _GAUGES)
-            + ": learned from the quantile gauges (cumulative since each process started, "
-            "not merged across processes)"
+            f"no histogram series in the store for {', '.join(gauges)} (or some of their "
+            "keys): learned from the quantile gauges (cumulative since each process "
+            "started, not merged across processes)"
         )
     nothing = (
         f"no otelgpu metrics in {history.url} over the {_human(window_s)} window "
@@ -218,9 +226,18 @@ class _Span:
         return min(1.0, points / (int(self.window_s // self.step) + 1))
 
 
-def _learn_histogram(
-    history: PromHistory, fig: Figure, span: _Span
-) -> tuple[list[Entry], list[str], str] | None:
+@dataclass
+class _Learned:
+    """What the histogram buckets gave for one figure: entries and shortfalls per key,
+    the keys seen, and how (``histogram buckets (le)`` / ``(vmrange)``)."""
+
+    entries: list[Entry]
+    problems: list[str]
+    keys: set[tuple[str, ...]]
+    how: str
+
+
+def _learn_histogram(history: PromHistory, fig: Figure, span: _Span) -> _Learned | None:
     """Entries of sketch figure ``fig`` from the store's histogram buckets, or ``None``
     when the store has no bucket series of it in the window.
 
@@ -271,21 +288,7 @@ def _learn_histogram(
         entry.resolution = None if found.resolution is None else round(found.resolution, 6)
         entries.append(entry)
     how = "histogram buckets (" + ", ".join(sorted(kinds)) + ")"
-    return entries, problems, how
-
-
-def _keep(
-    history: PromHistory,
-    fig: Figure,
-    span: _Span,
-    path: str,
-    keep_values: dict[tuple[str, str], list[tuple[float, float]]],
-) -> None:
-    """The alert expression's own history (what tighten measures alert rates on)."""
-    for s in history.range(fig.query(path=path), span.start, span.end, span.step):
-        if s.points:
-            labels = {k: s.labels.get(k, "") for k in fig.keys}
-            keep_values[(fig.id, _label_text(labels))] = s.points
+    return _Learned(entries, problems, set(groups), how)
 
 
 def _finish(

@@ -2,6 +2,8 @@
 
 * :func:`openmetrics_history` -- a healthy history (OpenMetrics text with timestamps) for
   ``promtool tsdb create-blocks-from openmetrics``: days of Prometheus data in seconds.
+  The serve job's request latency is there also as its classic histogram
+  (:func:`request_histogram`); the other sketch metrics only as quantile gauges.
 * :class:`LiveTarget` -- a tiny HTTP scrape target serving the same fleet now, healthy or
   with injected faults (latency regression, thermal throttling, XID 79).
 * :func:`backfill` / :func:`start_store` -- a real Prometheus holding such a history.
@@ -52,6 +54,7 @@ __all__ = [
     "wait_until",
 ]
 
+from otelgpu.baseline.names import histogram_name
 from otelgpu.baseline.names import metric_name as n
 
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
@@ -165,8 +168,44 @@ def openmetrics_history(end: float, duration_s: float, step_s: float = 60.0, see
         out.append(f"# TYPE {name} gauge")
         for lines in series.values():
             out.extend(lines)
+    out.extend(request_histogram(start, end, step_s))
     out.append("# EOF")
     return "\n".join(out) + "\n"
+
+
+#: The serve job's request latencies: lognormal, median 0.6 s, p99 ``HEALTHY["req_p99"]``.
+REQUEST_MU = math.log(0.6)
+REQUEST_SIGMA = math.log(HEALTHY["req_p99"] / 0.6) / 2.3263478740408408  # z of 0.99
+
+
+def request_histogram(start: float, end: float, step_s: float) -> list[str]:
+    """The serve job's request-latency histogram as the pull endpoint exports it (classic
+    ``_bucket{le}`` at otelgpu's fixed bounds, ``_count``, ``_sum``), OpenMetrics lines:
+    ``req_rate x step_s`` requests per step, spread over the buckets by the lognormal."""
+    from otelgpu.otel.histogram_rule import classic_bounds
+
+    family = histogram_name("gen_ai.server.request.duration")
+    per_step = HEALTHY["req_rate"] * step_s
+    bounds = [*classic_bounds("s"), math.inf]
+
+    def cdf(x: float) -> float:
+        z = (math.log(x) - REQUEST_MU) / REQUEST_SIGMA if math.isfinite(x) else math.inf
+        return 0.5 * math.erfc(-z / math.sqrt(2))
+
+    increments = [round(per_step * cdf(b)) for b in bounds]
+    mean = math.exp(REQUEST_MU + REQUEST_SIGMA**2 / 2)
+    key = _labels({"gen_ai_request_model": MODEL, "job": "serve", "instance": "node-b:9464"})
+    out = [f"# TYPE {family} histogram"]
+    t, k = start, 0
+    while t <= end:
+        k += 1
+        for b, inc in zip(bounds, increments, strict=True):
+            le = "+Inf" if math.isinf(b) else repr(b)
+            out.append(f'{family}_bucket{{{key},le="{le}"}} {k * inc} {t:.0f}')
+        out.append(f"{family}_count{{{key}}} {k * increments[-1]} {t:.0f}")
+        out.append(f"{family}_sum{{{key}}} {k * per_step * mean:.9g} {t:.0f}")
+        t += step_s
+    return out
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -42,6 +42,7 @@ from otelgpu.baseline.names import metric_name, spec
 pytestmark = pytest.mark.backend
 
 DAY = 86400.0
+MODEL_KEY = "gen_ai_request_model"
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +97,20 @@ def test_baseline_learn_every_figure_per_key(learned: Path) -> None:
     assert step.threshold == pytest.approx(step.p99 * 1.25)
     assert step.samples >= 1400 and step.coverage > 0.95
     assert baseline.version == 2 and baseline.source["kind"] == "prometheus"
-    # The backfilled history has the quantile gauges only: learned from them, and said so.
-    assert baseline.source["learned_from"]["train_step_p95"] == "quantile gauges"
+    # The step time has quantile gauges only in the backfilled history: learned from
+    # them, and said so. The request latency has its classic histogram: merged buckets.
+    learned_from = baseline.source["learned_from"]
+    assert learned_from["train_step_p95"] == "quantile gauges"
     assert "train_step_p95" in baseline.source["note"] and step.resolution is None
+    assert learned_from["inference_request_p99"] == "histogram buckets (le)"
+    assert "inference_request_p99" not in baseline.source["note"]
+    latency = baseline.entry("inference_request_p99", {"job": "serve", MODEL_KEY: "llama-3-8b"})
+    assert latency is not None and latency.resolution == pytest.approx(1 - 2**-0.5, abs=1e-6)
+    # the bucket holding the lognormal's p99 (1.8 s): (2 ** 0.5, 2], reported at 2 s
+    assert latency.reference == 2.0 and latency.threshold == pytest.approx(2.5)
+    # a day of 20 requests a second, each minute's increase counted once (Prometheus
+    # extrapolates to the window's edges: within a minute's worth)
+    assert abs(latency.samples - 20 * DAY) <= 20 * 60
 
 
 def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_path: Path) -> None:

@@ -7,6 +7,10 @@ the whole learn fail with :class:`InsufficientHistory` listing every shortfall -
 threshold is never guessed. A history with none of the figures fails the same way,
 naming the metrics looked for. Figures absent from the history (an inference-only fleet
 has no step times) are listed in ``source["absent"]``.
+
+Sketch figures (latency quantiles) come from merged histogram buckets: from a store, the
+per-key sum of every process's bucket increases over the window
+(``otelgpu.baseline.merge``); from recordings, the merged exponential histograms.
 """
 
 from __future__ import annotations
@@ -132,8 +136,9 @@ def learn_prometheus(
 
     A sketch figure (``Figure.quantile``) is learned from the histogram buckets in the
     store (:func:`_learn_histogram`): their increases over the window, merged exactly per
-    key; only where the store has no histogram series are its quantile gauges used (said
-    in ``source["learned_from"]``). Other figures from their expression's values.
+    key; only for keys without bucket series are its quantile gauges used (said in
+    ``source["learned_from"]`` and ``source["note"]``). Other figures from their
+    expression's values.
     ``step_s`` defaults to window / 2000, at least 15 s. ``keep_values`` (optional) gets
     each learned series' points, keyed ``(figure id, label text)`` (``tighten`` uses them).
     ``path``: the store's naming (``pull``: scraped from the pull endpoint; ``otlp``: OTLP

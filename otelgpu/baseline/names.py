@@ -3,7 +3,8 @@
 * ``pull``: otelgpu's Prometheus endpoint (``exporters=prometheus``) as the OpenTelemetry
   Prometheus exporter writes it: dots become underscores, the unit becomes a suffix
   (``s`` -> ``_seconds``, ``By`` -> ``_bytes``; ``1`` and ``{...}`` add nothing), counters
-  end in ``_total``; a sketch metric is served as its ``<name>.quantile`` gauge.
+  end in ``_total``; a sketch metric is served as its ``<name>.quantile`` gauge and as a
+  classic histogram (``<name>_<unit>_bucket{le}``, see :func:`histogram_name`).
 * ``otlp``: OTLP into a Prometheus-compatible store with Prometheus naming (VictoriaMetrics
   ``-opentelemetry.usePrometheusNaming``, Mimir, Prometheus >= 3): the same rules, except
   that unit ``1`` becomes ``_ratio`` on a gauge (never doubled) and a sketch is an

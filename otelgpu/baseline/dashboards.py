@@ -55,6 +55,12 @@ class PanelSpec:
         return grafana_unit(spec(self.metric).unit)
 
 
+_REQUEST = "gen_ai.server.request.duration"
+_TTFT = "gen_ai.server.time_to_first_token"
+_REQUESTS = "otelgpu.inference.requests"
+_JOB_MODEL = "{{job}} {{gen_ai_request_model}}"
+_JOB_OUTCOME = "{{job}} {{otelgpu_request_outcome}}"
+
 PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("training", "Step time p95", "otelgpu.train.step.duration", "q95", "{{job}}"),
     PanelSpec("training", "Step time p50", "otelgpu.train.step.duration", "q50", "{{job}}"),
@@ -62,34 +68,10 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("training", "Data-wait share", "otelgpu.train.data.wait.ratio", "value", "{{job}}"),
     PanelSpec("training", "Comm-wait share", "otelgpu.train.comm.wait.ratio", "value", "{{job}}"),
     PanelSpec("training", "Checkpoint p95", "otelgpu.train.checkpoint.duration", "q95", "{{job}}"),
-    PanelSpec(
-        "inference",
-        "Request latency p99",
-        "gen_ai.server.request.duration",
-        "q99",
-        "{{job}} {{gen_ai_request_model}}",
-    ),
-    PanelSpec(
-        "inference",
-        "Time to first token p99",
-        "gen_ai.server.time_to_first_token",
-        "q99",
-        "{{job}} {{gen_ai_request_model}}",
-    ),
-    PanelSpec(
-        "inference",
-        "Requests per second",
-        "otelgpu.inference.requests",
-        "rate",
-        "{{job}} {{otelgpu_request_outcome}}",
-    ),
-    PanelSpec(
-        "inference",
-        "Error/timeout share",
-        "otelgpu.inference.requests",
-        "outcome_share",
-        "{{job}} {{gen_ai_request_model}}",
-    ),
+    PanelSpec("inference", "Request latency p99", _REQUEST, "q99", _JOB_MODEL),
+    PanelSpec("inference", "Time to first token p99", _TTFT, "q99", _JOB_MODEL),
+    PanelSpec("inference", "Requests per second", _REQUESTS, "rate", _JOB_OUTCOME),
+    PanelSpec("inference", "Error/timeout share", _REQUESTS, "outcome_share", _JOB_MODEL),
     PanelSpec("inference", "Queued requests", "otelgpu.vllm.requests.waiting", "value", "{{job}}"),
     PanelSpec("inference", "KV-cache usage", "otelgpu.vllm.kv_cache.usage", "value", "{{job}}"),
     PanelSpec(

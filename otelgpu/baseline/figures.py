@@ -39,6 +39,9 @@ class Figure:
     summary: str
     runbook: str
     cap: float | None = None
+    #: For a sketch figure: the quantile it is, learned from the store's merged
+    #: histogram buckets when they exist (``otelgpu.baseline.merge``).
+    quantile: float | None = None
 
     def threshold(self, reference: float) -> float:
         """The alert threshold from the history's reference figure (p99 or p1)."""
@@ -74,14 +77,10 @@ def _n(name: str) -> str:
     return series_name(name, "pull")
 
 
-_STEP = _n("otelgpu.train.step.duration")
 _STEPS = _n("otelgpu.train.steps")
-_CKPT = _n("otelgpu.train.checkpoint.duration")
 _DATA = _n("otelgpu.train.data.wait.ratio")
 _COMM = _n("otelgpu.train.comm.wait.ratio")
 _UTIL = _n("hw.gpu.utilization")
-_REQ = _n("gen_ai.server.request.duration")
-_TTFT = _n("gen_ai.server.time_to_first_token")
 _REQS = _n("otelgpu.inference.requests")
 _WAITING = _n("otelgpu.vllm.requests.waiting")
 _KV = _n("otelgpu.vllm.kv_cache.usage")
@@ -92,55 +91,109 @@ _MODEL = "gen_ai_request_model"
 # Clock reductions that cost throughput (idle and application-clock settings do not).
 _COSTLY = "hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown|sw_power_cap|hw_slowdown"
 
+
+def _sketch_quantile(
+    figure_id: str,
+    family: str,
+    alert: str,
+    metric: str,
+    quantile: float,
+    margin: float,
+    for_: str,
+    summary: str,
+    runbook: str,
+) -> Figure:
+    """A latency-like sketch figure: its ``quantile`` per job (and model for inference),
+    alerting ``margin`` (relative) above the baseline; learned from the store's merged
+    histogram buckets where they exist, the rule reads the quantile gauge."""
+    keys = ("job",) if family == "training" else ("job", _MODEL)
+    return Figure(
+        figure_id,
+        family,
+        alert,
+        (metric,),
+        f'max by ({", ".join(keys)}) ({_n(metric)}{{quantile="{quantile:g}"$M}})',
+        keys,
+        "upper",
+        margin,
+        True,
+        "s",
+        for_,
+        "warning",
+        summary,
+        runbook,
+        quantile=quantile,
+    )
+
+
+def _share(
+    figure_id: str,
+    family: str,
+    alert: str,
+    metrics: tuple[str, ...],
+    expr: str,
+    keys: tuple[str, ...],
+    points: float,
+    summary: str,
+    runbook: str,
+    cap: float | None = None,
+) -> Figure:
+    """A fraction (share of the step spent waiting, used share of the KV cache or of GPU
+    memory): alerting ``points`` (absolute) above the history's p99 for 10 minutes, the
+    threshold never above ``cap``."""
+    return Figure(
+        figure_id,
+        family,
+        alert,
+        metrics,
+        expr,
+        keys,
+        "upper",
+        points,
+        False,
+        "1",
+        "10m",
+        "warning",
+        summary,
+        runbook,
+        cap=cap,
+    )
+
+
 FIGURES: tuple[Figure, ...] = (
-    Figure(
+    _sketch_quantile(
         "train_step_p95",
         "training",
         "OtelgpuBaselineStepTimeRegression",
-        ("otelgpu.train.step.duration",),
-        f'max by (job) ({_STEP}{{quantile="0.95"$M}})',
-        ("job",),
-        "upper",
+        "otelgpu.train.step.duration",
+        0.95,
         0.25,
-        True,
-        "s",
         "10m",
-        "warning",
         "p95 step time above its baseline",
         "Compare with the baseline run: input pipeline (data-wait share), communication "
         "(comm-wait share), throttling, a code or config change. `otelgpu report` on a "
         "recording of the slow run names the phase that grew.",
     ),
-    Figure(
+    _share(
         "train_data_wait_share",
         "training",
         "OtelgpuBaselineDataWaitShare",
         ("otelgpu.train.data.wait.ratio",),
         f"max by (job) ({_DATA}{{$M}})",
         ("job",),
-        "upper",
         0.10,
-        False,
-        "1",
-        "10m",
-        "warning",
         "data-wait share of the step above its baseline",
         "The input pipeline no longer keeps up: more DataLoader workers, pinned memory, "
         "prefetching, or a slower storage path.",
     ),
-    Figure(
+    _share(
         "train_comm_wait_share",
         "training",
         "OtelgpuBaselineCommWaitShare",
         ("otelgpu.train.comm.wait.ratio",),
         f"max by (job) ({_COMM}{{$M}})",
         ("job",),
-        "upper",
         0.10,
-        False,
-        "1",
-        "10m",
-        "warning",
         "communication-wait share of the step above its baseline",
         "A slow rank (see the straggler findings) or a degraded interconnect: check NVLink/"
         "network errors and the slowest rank's GPU.",
@@ -163,53 +216,38 @@ FIGURES: tuple[Figure, ...] = (
         "The GPUs wait for something: data loading, host-side work, communication or a "
         "stalled rank. Look at the data-wait and comm-wait shares first.",
     ),
-    Figure(
+    _sketch_quantile(
         "train_checkpoint_p95",
         "training",
         "OtelgpuBaselineCheckpointDuration",
-        ("otelgpu.train.checkpoint.duration",),
-        f'max by (job) ({_CKPT}{{quantile="0.95"$M}})',
-        ("job",),
-        "upper",
+        "otelgpu.train.checkpoint.duration",
+        0.95,
         0.50,
-        True,
-        "s",
         "0s",
-        "warning",
         "p95 checkpoint duration above its baseline",
         "Checkpoint storage got slower or checkpoints got bigger; check the storage "
         "backend's throughput and the checkpoint size.",
     ),
-    Figure(
+    _sketch_quantile(
         "inference_request_p99",
         "inference",
         "OtelgpuBaselineLatencyRegression",
-        ("gen_ai.server.request.duration",),
-        f'max by (job, {_MODEL}) ({_REQ}{{quantile="0.99"$M}})',
-        ("job", _MODEL),
-        "upper",
+        "gen_ai.server.request.duration",
+        0.99,
         0.25,
-        True,
-        "s",
         "5m",
-        "warning",
         "p99 request latency above its baseline",
         "Longer prompts/outputs, a larger batch, KV-cache pressure (preemptions) or a "
         "throttled GPU: compare TTFT, queue length and KV-cache usage with the baseline.",
     ),
-    Figure(
+    _sketch_quantile(
         "inference_ttft_p99",
         "inference",
         "OtelgpuBaselineTtftRegression",
-        ("gen_ai.server.time_to_first_token",),
-        f'max by (job, {_MODEL}) ({_TTFT}{{quantile="0.99"$M}})',
-        ("job", _MODEL),
-        "upper",
+        "gen_ai.server.time_to_first_token",
+        0.99,
         0.25,
-        True,
-        "s",
         "5m",
-        "warning",
         "p99 time to first token above its baseline",
         "Requests queue before prefill: check the queue length, prefill batch size and "
         "whether the replica count matches the load.",
@@ -250,19 +288,14 @@ FIGURES: tuple[Figure, ...] = (
         "Load above what the replicas serve: scale out, or check for a slowed replica "
         "(latency and throttling alerts).",
     ),
-    Figure(
+    _share(
         "inference_kv_cache",
         "inference",
         "OtelgpuBaselineKvCacheHeadroom",
         ("otelgpu.vllm.kv_cache.usage",),
         f"max by (job) ({_KV}{{$M}})",
         ("job",),
-        "upper",
         0.05,
-        False,
-        "1",
-        "10m",
-        "warning",
         "KV-cache usage above its baseline (little headroom left)",
         "Near-full KV cache means preemptions and recomputation: lower max_num_seqs, "
         "raise gpu_memory_utilization, or add replicas.",
@@ -286,19 +319,14 @@ FIGURES: tuple[Figure, ...] = (
         "Thermal or power throttling: check cooling, fan/inlet temperature and power "
         "caps of the node; a single throttled GPU slows every rank of a job.",
     ),
-    Figure(
+    _share(
         "health_memory_usage",
         "health",
         "OtelgpuBaselineMemoryHeadroom",
         ("hw.gpu.memory.usage", "hw.gpu.memory.limit"),
         f"max by (hw_name) ({_MEM}{{$M}} / {_LIMIT}{{$M}})",
         ("hw_name",),
-        "upper",
         0.05,
-        False,
-        "1",
-        "10m",
-        "warning",
         "GPU memory use above its baseline (headroom shrinking)",
         "Memory grows beyond what the job normally uses: a leak, longer sequences or a "
         "bigger batch; OOM follows when it reaches the limit.",

@@ -1,9 +1,9 @@
 """History from a Prometheus-compatible query API (Prometheus, VictoriaMetrics, Thanos,
 Mimir all answer ``/api/v1/query_range``).
 
-:class:`PromHistory` runs range queries with optional HTTP headers (auth, tenant);
-:class:`StoreError` says the store could not be asked (unreachable, error answer).
-Blocking (urllib, bounded timeout); one caller thread.
+:class:`PromHistory` runs range and instant queries with optional HTTP headers (auth,
+tenant); :class:`StoreError` says the store could not be asked (unreachable, error
+answer). Blocking (urllib, bounded timeout); one caller thread.
 """
 
 from __future__ import annotations
@@ -70,6 +70,17 @@ class PromHistory:
         if not isinstance(body, dict) or body.get("status") != "success":
             raise StoreError(f"{self.url}{path}: {body!r:.500}")
         return body["data"]
+
+    def instant(self, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
+        """The ``(labels, value)`` of each series of ``promql`` at ``at`` (unix seconds)."""
+        data = self._get("/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
+        assert isinstance(data, dict)
+        out = []
+        for item in data.get("result", []):
+            value = float(item.get("value", [0, "nan"])[1])
+            if not math.isnan(value) and not math.isinf(value):
+                out.append((dict(item.get("metric", {})), value))
+        return out
 
     def range(self, promql: str, start: float, end: float, step_s: float) -> list[RangeSeries]:
         """The series of ``promql`` between ``start`` and ``end`` (unix seconds)."""

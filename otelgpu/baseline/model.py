@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["FORMAT", "VERSION", "BaselineFile", "Entry", "load"]
 
 FORMAT = "otelgpu-baseline"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass
@@ -36,6 +36,10 @@ class Entry:
     margin: float
     relative: bool
     threshold: float
+    #: Relative error bound of ``reference`` when it is a quantile of merged histogram
+    #: buckets (the bucket's relative width; see ``otelgpu.baseline.merge``); ``None``
+    #: for figures learned from sampled values. Added in version 2.
+    resolution: float | None = None
 
 
 @dataclass

@@ -3,7 +3,8 @@
 * ``pull``: otelgpu's Prometheus endpoint (``exporters=prometheus``) as the OpenTelemetry
   Prometheus exporter writes it: dots become underscores, the unit becomes a suffix
   (``s`` -> ``_seconds``, ``By`` -> ``_bytes``; ``1`` and ``{...}`` add nothing), counters
-  end in ``_total``; a sketch metric is served as its ``<name>.quantile`` gauge.
+  end in ``_total``; a sketch metric is served as its ``<name>.quantile`` gauge and as a
+  classic histogram (``<name>_<unit>_bucket{le}``, see :func:`histogram_name`).
 * ``otlp``: OTLP into a Prometheus-compatible store with Prometheus naming (VictoriaMetrics
   ``-opentelemetry.usePrometheusNaming``, Mimir, Prometheus >= 3): the same rules, except
   that unit ``1`` becomes ``_ratio`` on a gauge (never doubled) and a sketch is an
@@ -18,7 +19,7 @@ import re
 from otelgpu.metrics import catalog
 from otelgpu.metrics.spec import Kind, MetricSpec
 
-__all__ = ["PATHS", "metric_name", "spec"]
+__all__ = ["PATHS", "histogram_name", "metric_name", "spec"]
 
 PATHS = ("pull", "otlp")
 
@@ -63,3 +64,14 @@ def metric_name(name: str, path: str = "pull") -> str:
     if entry.kind in _COUNTERS:
         return f"{base}{unit}_total"
     return base + unit
+
+
+def histogram_name(name: str) -> str:
+    """The histogram family of sketch metric ``name`` in a store, on either path: the pull
+    endpoint's classic histogram and the OTLP exponential histogram (Prometheus naming)
+    share it; the series are ``<family>_bucket`` (``le`` or ``vmrange``) and
+    ``<family>_count``."""
+    entry = spec(name)
+    if entry.kind is not Kind.SKETCH:
+        raise ValueError(f"{name} is not a sketch metric (no histogram)")
+    return metric_name(name, "otlp").removesuffix("_bucket")

@@ -99,11 +99,15 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def _margin_text(fig: Figure, e: Entry) -> str:
-    ref = "p99" if e.direction == "upper" else "p1"
+    ref = "p99 of history" if e.direction == "upper" else "p1 of history"
+    if fig.quantile is not None and e.resolution is not None:
+        # Learned from merged histogram buckets: the quantile at its bucket's edge.
+        ref = f"p{fig.quantile * 100:g} of the merged histogram (bucket resolution "
+        ref += f"{e.resolution:.1%})"
     sign = "+" if e.direction == "upper" else "-"
     margin = f"{e.margin:.0%}" if e.relative else _fmt(e.margin, e.unit)
     capped = f", capped at {_fmt(fig.cap, e.unit)}" if fig.cap is not None else ""
-    return f"{ref} of history {_fmt(e.reference, e.unit)} {sign} {margin}{capped}"
+    return f"{ref} {_fmt(e.reference, e.unit)} {sign} {margin}{capped}"
 
 
 def rule_for(
@@ -195,20 +199,8 @@ def _series(
     def n(name: str) -> str:
         return series_name(name, path)
 
-    if fig.id in ("train_step_p95", "train_checkpoint_p95"):
-        name = (
-            "otelgpu.train.step.duration"
-            if fig.id == "train_step_p95"
-            else ("otelgpu.train.checkpoint.duration")
-        )
-        return [s(n(name), {"quantile": "0.95"}, steady)]
-    if fig.id in ("inference_request_p99", "inference_ttft_p99"):
-        name = (
-            "gen_ai.server.request.duration"
-            if fig.id == "inference_request_p99"
-            else ("gen_ai.server.time_to_first_token")
-        )
-        return [s(n(name), {"quantile": "0.99"}, steady)]
+    if fig.quantile is not None:  # a sketch figure: its quantile gauge
+        return [s(n(fig.metrics[0]), {"quantile": f"{fig.quantile:g}"}, steady)]
     if fig.id == "train_gpu_utilization":
         return [
             s(n("hw.gpu.utilization"), {"hw_gpu_task": "general"}, steady),
@@ -319,27 +311,20 @@ def _fixed_tests(for_override: str | None) -> list[dict[str, Any]]:
     def sel(name: str, **extra: str) -> str:
         return name + "{" + ",".join(f'{k}="{v}"' for k, v in {**_GPU, **extra}.items()) + "}"
 
-    cases = {
-        "OtelgpuGpuLost": (
-            [(sel(_STATUS, hw_state="failed"), "1x30")],
-            [(sel(_STATUS, hw_state="failed"), "0x30")],
-            {},
-        ),
+    lost = sel(_STATUS, hw_state="failed")
+    ecc = sel(_ERRORS, error_type="uncorrected")
+    remap = sel(_REMAP, otelgpu_gpu_remap_state="pending")
+    xid79, xid13 = (sel(_XID, otelgpu_gpu_xid_code=code) for code in ("79", "13"))
+    # alert: (faulty series, healthy series, labels the alert adds); series = (name, values)
+    cases: dict[str, tuple[tuple[str, str], tuple[str, str], dict[str, str]]] = {
+        "OtelgpuGpuLost": ((lost, "1x30"), (lost, "0x30"), {}),
         "OtelgpuGpuXidCritical": (
-            [(sel(_XID, otelgpu_gpu_xid_code="79"), "_x5 1x25")],
-            [(sel(_XID, otelgpu_gpu_xid_code="13"), "_x5 1x25")],
+            (xid79, "_x5 1x25"),
+            (xid13, "_x5 1x25"),
             {"otelgpu_gpu_xid_code": "79"},
         ),
-        "OtelgpuGpuEccUncorrected": (
-            [(sel(_ERRORS, error_type="uncorrected"), "0x5 3x25")],
-            [(sel(_ERRORS, error_type="uncorrected"), "0x30")],
-            {},
-        ),
-        "OtelgpuGpuRemapPending": (
-            [(sel(_REMAP, otelgpu_gpu_remap_state="pending"), "1x30")],
-            [(sel(_REMAP, otelgpu_gpu_remap_state="pending"), "0x30")],
-            {},
-        ),
+        "OtelgpuGpuEccUncorrected": ((ecc, "0x5 3x25"), (ecc, "0x30"), {}),
+        "OtelgpuGpuRemapPending": ((remap, "1x30"), (remap, "0x30"), {}),
     }
     out = []
     for rule in FIXED_ALERTS:
@@ -362,7 +347,7 @@ def _fixed_tests(for_override: str | None) -> list[dict[str, Any]]:
                 {
                     "name": f"{name} {'fires' if fires else 'quiet'}",
                     "interval": "1m",
-                    "input_series": [{"series": s, "values": v} for s, v in series],
+                    "input_series": [{"series": series[0], "values": series[1]}],
                     "alert_rule_test": [
                         {"eval_time": eval_time, "alertname": name, "exp_alerts": expected}
                     ],

@@ -16,6 +16,8 @@ import argparse
 import sys
 from typing import Any
 
+from otelgpu.commands._parsers import command_parser
+
 EXIT_INSUFFICIENT = 3
 EXIT_STORE = 4
 
@@ -63,11 +65,8 @@ def _add_source(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "baseline",
-        help="learn a baseline, derive alert rules, tighten them",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser: argparse.ArgumentParser = command_parser(
+        subparsers, "baseline", "learn a baseline, derive alert rules, tighten them", __doc__
     )
     sub = parser.add_subparsers(dest="baseline_command", metavar="ACTION", required=True)
     learn = sub.add_parser("learn", help="learn a baseline from history")
@@ -169,13 +168,18 @@ def run_learn(args: argparse.Namespace) -> int:
         print(f"otelgpu baseline: {len(baseline.entries)} figures learned -> {args.out}")
         for e in baseline.entries:
             key = ",".join(f"{k}={v}" for k, v in sorted(e.labels.items()) if v) or "-"
+            merged = ""
+            if e.resolution is not None:
+                merged = f", merged buckets, resolution {e.resolution:.1%}"
             print(
                 f"  {e.figure:24} {key:40} median {e.median:.4g}  threshold {e.threshold:.4g}"
-                f"  ({e.samples} samples, {e.coverage:.0%} coverage)"
+                f"  ({e.samples} samples, {e.coverage:.0%} coverage{merged})"
             )
         absent = baseline.source.get("absent") or []
         if absent:
             print(f"  not in the history (no rule): {', '.join(absent)}")
+        if baseline.source.get("note"):
+            print(f"  note: {baseline.source['note']}")
         return 0
 
     return _guarded(action)

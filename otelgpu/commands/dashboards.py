@@ -13,13 +13,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from otelgpu.commands._parsers import command_parser
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = command_parser(
+        subparsers,
         "dashboards",
-        help="write Grafana dashboards (JSON) for training and inference",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "write Grafana dashboards (JSON) for training and inference",
+        __doc__,
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write")
     parser.add_argument(

@@ -2,6 +2,8 @@
 
 * :func:`openmetrics_history` -- a healthy history (OpenMetrics text with timestamps) for
   ``promtool tsdb create-blocks-from openmetrics``: days of Prometheus data in seconds.
+  The serve job's request latency is there also as its classic histogram
+  (:func:`request_histogram`); the other sketch metrics only as quantile gauges.
 * :class:`LiveTarget` -- a tiny HTTP scrape target serving the same fleet now, healthy or
   with injected faults (latency regression, thermal throttling, XID 79).
 * :func:`backfill` / :func:`start_store` -- a real Prometheus holding such a history.
@@ -23,6 +25,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 
@@ -38,14 +41,20 @@ __all__ = [
     "EXPECTED_ALERTS",
     "LiveTarget",
     "PrometheusServer",
+    "Webhook",
+    "alerting_config",
     "backfill",
+    "cli",
     "free_port",
+    "http_ok",
     "openmetrics_history",
     "require_binaries",
+    "start_alertmanager",
     "start_store",
     "wait_until",
 ]
 
+from otelgpu.baseline.names import histogram_name
 from otelgpu.baseline.names import metric_name as n
 
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
@@ -159,8 +168,55 @@ def openmetrics_history(end: float, duration_s: float, step_s: float = 60.0, see
         out.append(f"# TYPE {name} gauge")
         for lines in series.values():
             out.extend(lines)
+    out.extend(request_histogram(start, end, step_s))
     out.append("# EOF")
     return "\n".join(out) + "\n"
+
+
+#: The serve job's request latencies: lognormal, median 0.6 s, p99 ``HEALTHY["req_p99"]``.
+REQUEST_MU = math.log(0.6)
+REQUEST_SIGMA = math.log(HEALTHY["req_p99"] / 0.6) / 2.3263478740408408  # z of 0.99
+
+
+def request_histogram(start: float, end: float, step_s: float) -> list[str]:
+    """The serve job's request-latency histogram as the pull endpoint exports it (classic
+    ``_bucket{le}`` at otelgpu's fixed bounds, ``_count``, ``_sum``), OpenMetrics lines:
+    ``req_rate x step_s`` requests per step, spread over the buckets by the lognormal."""
+    from otelgpu.otel.histogram_rule import classic_bounds
+
+    family = histogram_name("gen_ai.server.request.duration")
+    per_step = HEALTHY["req_rate"] * step_s
+    bounds = [*classic_bounds("s"), math.inf]
+
+    def cdf(x: float) -> float:
+        z = (math.log(x) - REQUEST_MU) / REQUEST_SIGMA if math.isfinite(x) else math.inf
+        return 0.5 * math.erfc(-z / math.sqrt(2))
+
+    increments = [round(per_step * cdf(b)) for b in bounds]
+    mean = math.exp(REQUEST_MU + REQUEST_SIGMA**2 / 2)
+    key = _labels({"gen_ai_request_model": MODEL, "job": "serve", "instance": "node-b:9464"})
+    out = [f"# TYPE {family} histogram"]
+    t, k = start, 0
+    while t <= end:
+        k += 1
+        for b, inc in zip(bounds, increments, strict=True):
+            le = "+Inf" if math.isinf(b) else repr(b)
+            out.append(f'{family}_bucket{{{key},le="{le}"}} {k * inc} {t:.0f}')
+        out.append(f"{family}_count{{{key}}} {k * increments[-1]} {t:.0f}")
+        out.append(f"{family}_sum{{{key}}} {k * per_step * mean:.9g} {t:.0f}")
+        t += step_s
+    return out
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m otelgpu ARGS`` (the real command line), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "otelgpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def backfill(directory: Path, end: float, duration_s: float) -> Path:
@@ -266,3 +322,109 @@ class LiveTarget:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: records every delivered (status, alertname)."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[str, str, dict[str, str]]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                for alert in body["alerts"]:
+                    hook.deliveries.append(
+                        (alert["status"], alert["labels"]["alertname"], alert["labels"])
+                    )
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def firing(self) -> set[str]:
+        return {name for status, name, _ in self.deliveries if status == "firing"}
+
+    def settle(
+        self, expected: set[str], timeout: float = 45.0
+    ) -> tuple[set[str], list[tuple[str, str, dict[str, str]]]]:
+        """Wait until ``expected`` have fired (at most ``timeout`` s), then 5 s more so
+        that anything else that would fire has had time to; the alert names fired and
+        every delivery so far."""
+        wait_until(lambda: self.firing() >= expected, timeout)
+        time.sleep(5)
+        return self.firing(), list(self.deliveries)
+
+
+def start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.Popen[bytes], int]:
+    binary = require_binaries("prometheus-alertmanager")["prometheus-alertmanager"]
+    config = {
+        "route": {
+            "receiver": "hook",
+            "group_by": ["alertname"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {
+                "name": "hook",
+                "webhook_configs": [
+                    {"url": f"http://127.0.0.1:{webhook.port}/", "send_resolved": False}
+                ],
+            }
+        ],
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "am.yml").write_text(json.dumps(config))
+    port = free_port()
+    log = open(directory / "am.log", "wb")  # noqa: SIM115 (kept open for the process)
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={directory / 'am.yml'}",
+            f"--storage.path={directory / 'am'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+    ready = f"http://127.0.0.1:{port}/-/ready"
+    assert wait_until(lambda: http_ok(ready), 15), (directory / "am.log").read_text()
+    return process, port
+
+
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 now (a server's readiness or health endpoint)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def alerting_config(
+    rules: Path, alertmanager_port: int, scrape_configs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A Prometheus configuration for the end-to-end tests: 1 s scrapes and evaluations
+    (``scrape_interval`` overridable per scrape config), ``rules`` evaluated and sent to
+    the Alertmanager on ``alertmanager_port``."""
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "alerting": {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]
+        },
+        "scrape_configs": scrape_configs,
+    }

@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +22,14 @@ import pytest
 from baseline_support import (
     EXPECTED_ALERTS,
     LiveTarget,
+    Webhook,
+    alerting_config,
     backfill,
+    cli,
     free_port,
+    http_ok,
     require_binaries,
+    start_alertmanager,
     start_store,
     wait_until,
 )
@@ -39,16 +42,7 @@ from otelgpu.baseline.names import metric_name, spec
 pytestmark = pytest.mark.backend
 
 DAY = 86400.0
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "otelgpu", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+MODEL_KEY = "gen_ai_request_model"
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +96,21 @@ def test_baseline_learn_every_figure_per_key(learned: Path) -> None:
     assert step is not None and 0.11 < step.median < 0.13  # the history's 120 ms p95
     assert step.threshold == pytest.approx(step.p99 * 1.25)
     assert step.samples >= 1400 and step.coverage > 0.95
-    assert baseline.version == 1 and baseline.source["kind"] == "prometheus"
+    assert baseline.version == 2 and baseline.source["kind"] == "prometheus"
+    # The step time has quantile gauges only in the backfilled history: learned from
+    # them, and said so. The request latency has its classic histogram: merged buckets.
+    learned_from = baseline.source["learned_from"]
+    assert learned_from["train_step_p95"] == "quantile gauges"
+    assert "train_step_p95" in baseline.source["note"] and step.resolution is None
+    assert learned_from["inference_request_p99"] == "histogram buckets (le)"
+    assert "inference_request_p99" not in baseline.source["note"]
+    latency = baseline.entry("inference_request_p99", {"job": "serve", MODEL_KEY: "llama-3-8b"})
+    assert latency is not None and latency.resolution == pytest.approx(1 - 2**-0.5, abs=1e-6)
+    # the bucket holding the lognormal's p99 (1.8 s): (2 ** 0.5, 2], reported at 2 s
+    assert latency.reference == 2.0 and latency.threshold == pytest.approx(2.5)
+    # a day of 20 requests a second, each minute's increase counted once (Prometheus
+    # extrapolates to the window's edges: within a minute's worth)
+    assert abs(latency.samples - 20 * DAY) <= 20 * 60
 
 
 def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_path: Path) -> None:
@@ -315,83 +323,6 @@ def test_baseline_unreachable_store_exit_code(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ end to end (alerts)
-class Webhook:
-    """Alertmanager's webhook receiver: records every delivered (status, alertname)."""
-
-    def __init__(self) -> None:
-        self.deliveries: list[tuple[str, str, dict[str, str]]] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                for alert in body["alerts"]:
-                    hook.deliveries.append(
-                        (alert["status"], alert["labels"]["alertname"], alert["labels"])
-                    )
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def firing(self) -> set[str]:
-        return {name for status, name, _ in self.deliveries if status == "firing"}
-
-
-def _start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.Popen[bytes], int]:
-    binary = require_binaries("prometheus-alertmanager")["prometheus-alertmanager"]
-    config = {
-        "route": {
-            "receiver": "hook",
-            "group_by": ["alertname"],
-            "group_wait": "1s",
-            "group_interval": "1s",
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {
-                "name": "hook",
-                "webhook_configs": [
-                    {"url": f"http://127.0.0.1:{webhook.port}/", "send_resolved": False}
-                ],
-            }
-        ],
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "am.yml").write_text(json.dumps(config))
-    port = free_port()
-    log = open(directory / "am.log", "wb")  # noqa: SIM115 (kept open for the process)
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={directory / 'am.yml'}",
-            f"--storage.path={directory / 'am'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-
-    def ready() -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    assert wait_until(ready, 15), (directory / "am.log").read_text()
-    return process, port
-
-
 @pytest.fixture(scope="module")
 def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Rules from the learned baseline in a Prometheus scraping a live fleet, with
@@ -412,14 +343,11 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     assert result.returncode == 0, result.stderr
     webhook = Webhook()
     target = LiveTarget()
-    am, am_port = _start_alertmanager(directory / "am", webhook)
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "alerting": {
-            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]
-        },
-        "scrape_configs": [
+    am, am_port = start_alertmanager(directory / "am", webhook)
+    config = alerting_config(
+        rules,
+        am_port,
+        [
             {
                 "job_name": job,
                 "metrics_path": f"/{job}",
@@ -427,7 +355,7 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             }
             for job in ("train", "serve")
         ],
-    }
+    )
     store = start_store(directory / "prom", config)
     state: dict[str, Any] = {"store": store, "webhook": webhook}
     try:
@@ -437,10 +365,7 @@ def live_run(learned: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         state["healthy_firing"] = webhook.firing()
         state["healthy_pending"] = store.api("alerts")["alerts"]
         target.faulty = True
-        wait_until(lambda: webhook.firing() >= EXPECTED_ALERTS, 45)
-        time.sleep(5)  # anything else that would fire has had time to
-        state["faulty_firing"] = webhook.firing()
-        state["deliveries"] = list(webhook.deliveries)
+        state["faulty_firing"], state["deliveries"] = webhook.settle(EXPECTED_ALERTS)
         yield state
     finally:
         store.stop()
@@ -571,15 +496,7 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
             return list(json.loads(r.read())["data"]["result"])
 
     try:
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        assert wait_until(healthy, 15)
+        assert wait_until(lambda: http_ok(f"{url}/health"), 15)
         demo = Path(__file__).with_name("otlp_demo.py")
         run = subprocess.run(
             [sys.executable, str(demo), f"{url}/opentelemetry", "5"],
@@ -629,6 +546,14 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
     assert empty == _NOT_IN_OTLP_DEMO, sorted(empty ^ _NOT_IN_OTLP_DEMO)
     baseline = load(out)
     assert baseline.source["path"] == "otlp"
+    # The latency figures come from VictoriaMetrics' vmrange buckets, merged exactly: at
+    # the sketch's scale 6 a bucket is 2 ** (1 / 64) wide (1.08 %).
+    for fid in ("train_step_p95", "inference_request_p99", "inference_ttft_p99"):
+        assert baseline.source["learned_from"][fid] == "histogram buckets (vmrange)"
+        entry = baseline.entry(fid)
+        assert entry is not None and entry.resolution is not None
+        assert entry.resolution == pytest.approx(1 - 2 ** (-1 / 64), rel=0.1)
+    assert "note" not in baseline.source
     figures = {e.figure for e in baseline.entries}
     assert {
         "train_step_p95",

@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures.otel import python_env
@@ -93,7 +94,7 @@ def test_baseline_learn_from_recording_merges_the_histograms_exactly(
     ttft = baseline.entry("inference_ttft_p99")
     assert ttft is not None
     assert ttft.median == run.merged_sketch("gen_ai.server.time_to_first_token").quantile(0.99)
-    assert baseline.source["kind"] == "recordings" and baseline.version == 1
+    assert baseline.source["kind"] == "recordings" and baseline.version == 2
 
 
 def test_baseline_learn_refuses_a_recording_shorter_than_the_window(
@@ -240,7 +241,7 @@ def test_baseline_file_drives_the_serving_latency_drift(
     try:
         rt = _runtime.current()
         assert rt is not None
-        (observe,) = rt.requests.observers  # type: ignore[attr-defined]
+        (observe,) = rt.requests.observers
         serving = observe.__self__
         assert isinstance(serving.ttft.baseline, FileBaseline)
         assert isinstance(serving.duration.baseline, FileBaseline)
@@ -253,7 +254,7 @@ def test_baseline_file_drives_the_serving_latency_drift(
     try:
         rt = _runtime.current()
         assert rt is not None
-        (observe,) = rt.requests.observers  # type: ignore[attr-defined]
+        (observe,) = rt.requests.observers
         assert not isinstance(observe.__self__.ttft.baseline, FileBaseline)
     finally:
         otelgpu.shutdown()
@@ -261,3 +262,100 @@ def test_baseline_file_drives_the_serving_latency_drift(
 
 def test_baseline_requirements_defaults() -> None:
     assert Requirements() == Requirements(min_coverage=0.8, min_samples=100)
+
+
+# ----------------------------------------------- merged store buckets (learning from a store)
+def _process_sketches(seed: int, processes: int = 3) -> tuple[list[Any], list[float]]:
+    """Sketches of a few "processes" (lognormal latencies) and every value recorded."""
+    from otelgpu.sketch import QuantileSketch
+
+    rng = random.Random(seed)
+    sketches: list[Any] = []
+    values: list[float] = []
+    for p in range(processes):
+        sketch = QuantileSketch()
+        for _ in range(500 + 300 * p):
+            v = rng.lognormvariate(-2.0 + 0.3 * p, 0.4)
+            sketch.add(v)
+            values.append(v)
+        sketches.append(sketch)
+    return sketches, sorted(values)
+
+
+def _exact(values: list[float], q: float) -> float:
+    from otelgpu.otel.histogram_rule import nearest_rank
+
+    return values[nearest_rank(q, len(values)) - 1]
+
+
+def test_baseline_merge_of_classic_le_buckets_is_exact() -> None:
+    # What `sum by (le) (increase(x_bucket[w]))` returns for processes exporting on the
+    # pull endpoint: the per-process classic buckets, added bound by bound.
+    from otelgpu.baseline.merge import buckets_from_labels, merged_quantile
+    from otelgpu.otel.histogram_rule import classic_buckets
+
+    sketches, values = _process_sketches(3)
+    counts: dict[tuple[str, str], float] = {}
+    for sketch in sketches:
+        for le, count in classic_buckets(sketch.to_data_point(0, 1), "s"):
+            key = ("+Inf" if le == float("inf") else repr(le), "")
+            counts[key] = counts.get(key, 0.0) + count
+    buckets = buckets_from_labels(counts)
+    assert sum(b.count for b in buckets) == len(values)
+    for q in (0.5, 0.95, 0.99):
+        found = merged_quantile(buckets, q, "upper")
+        assert found is not None
+        assert found.lo < _exact(values, q) <= found.hi == found.value
+        assert found.resolution == pytest.approx(1 - 2**-0.5)
+
+
+def test_baseline_merge_of_vmrange_buckets_is_exact() -> None:
+    # VictoriaMetrics stores an OTLP exponential histogram as `vmrange="lo...hi"` buckets
+    # (the sketch's own buckets, bounds printed to 4 digits): equal in every process.
+    from otelgpu.baseline.merge import buckets_from_labels, merged_quantile
+
+    sketches, values = _process_sketches(4)
+    counts: dict[tuple[str, str], float] = {}
+    for sketch in sketches:
+        point = sketch.to_data_point(0, 1)
+        base = 2.0 ** (2.0**-point.scale)
+        for i, count in enumerate(point.positive.bucket_counts):
+            if count:
+                lo = base ** (point.positive.offset + i)
+                key = ("", f"{lo:.3e}...{lo * base:.3e}")
+                counts[key] = counts.get(key, 0.0) + count
+    buckets = buckets_from_labels(counts)
+    assert sum(b.count for b in buckets) == len(values)
+    for q in (0.5, 0.99):
+        found = merged_quantile(buckets, q, "upper")
+        assert found is not None and found.resolution is not None
+        # 4 printed digits: the bucket holds the exact quantile up to that rounding
+        assert found.lo * (1 - 1e-3) < _exact(values, q) <= found.hi * (1 + 1e-3)
+        assert found.resolution == pytest.approx(1 - 2 ** -(2.0**-6), rel=0.1)
+
+
+def test_baseline_merge_refusals_and_edges() -> None:
+    from otelgpu.baseline.merge import Bucket, buckets_from_labels, merged_quantile
+
+    assert merged_quantile([], 0.99, "upper") is None
+    assert merged_quantile([Bucket(0.1, 0.2, 0.0)], 0.99, "upper") is None
+    # Beyond the last classic bound: the value is the bound, the error unbounded.
+    found = merged_quantile(
+        buckets_from_labels({("4096", ""): 1.0, ("+Inf", ""): 5.0}), 0.99, "upper"
+    )
+    assert found is not None and found.value == 4096.0 and found.resolution is None
+    # increase() rounding: a cumulative count a hair below the previous one counts 0
+    buckets = buckets_from_labels({("1", ""): 10.0, ("2", ""): 9.9999, ("+Inf", ""): 10.0})
+    assert [b.count for b in buckets] == [10.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="not a vmrange"):
+        buckets_from_labels({("", "1.0e-3"): 1.0})
+
+
+def test_baseline_version_1_files_still_load(learned: Path, tmp_path: Path) -> None:
+    doc = json.loads(learned.read_text())
+    doc["version"] = 1
+    for entry in doc["entries"]:
+        del entry["resolution"]
+    (tmp_path / "v1.json").write_text(json.dumps(doc))
+    old = load(tmp_path / "v1.json")
+    assert old.version == 1 and all(e.resolution is None for e in old.entries)

@@ -17,6 +17,7 @@ second. Checked:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -26,15 +27,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from backends_support import (
+from fixtures.backends import (
     ROOT,
     PrometheusServer,
-    free_port,
     promql_metric_names,
     require_binaries,
     start_prometheus,
     wait_until,
 )
+from fixtures.processes import free_port
 
 import otelgpu
 from otelgpu.otel import histogram_rule
@@ -177,7 +178,7 @@ def test_backends_prometheus_histograms_and_doc_queries(
         assert missing == elsewhere, (doc, expr, missing - elsewhere)
         if missing:
             continue
-        result = wait_until(lambda expr=expr: prom.query(expr), 10)
+        result = wait_until(functools.partial(prom.query, expr), 10)
         assert result, (doc, expr)
         assert all(not math.isnan(float(s["value"][1])) for s in result), (doc, expr, result)
         checked += 1

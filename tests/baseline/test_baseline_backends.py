@@ -10,6 +10,7 @@ store, one hour of history, a store without otelgpu's metrics, an unreachable st
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from baseline_support import (
     start_store,
     wait_until,
 )
+from fixtures.backends import http_ok
+from fixtures.processes import spawn
 
 from otelgpu.baseline import dashboards
 from otelgpu.baseline.figures import FIGURES
@@ -128,7 +131,7 @@ def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_pa
         check=False,
     )
     assert unit.returncode == 0, unit.stdout[-4000:]
-    import yaml
+    import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
 
     doc = yaml.safe_load(tests.read_text())
     names = [t["name"] for t in doc["tests"]]
@@ -150,7 +153,7 @@ def test_baseline_rules_unit_tests_catch_a_loosened_threshold(
     cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
     step = load(learned).entry("train_step_p95")
     assert step is not None
-    import yaml
+    import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
 
     doc = yaml.safe_load(rules.read_text())
     (rule,) = [
@@ -365,8 +368,7 @@ def _start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.P
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "am.yml").write_text(json.dumps(config))
     port = free_port()
-    log = open(directory / "am.log", "wb")  # noqa: SIM115 (kept open for the process)
-    process = subprocess.Popen(
+    process = spawn(
         [
             binary,
             f"--config.file={directory / 'am.yml'}",
@@ -374,20 +376,9 @@ def _start_alertmanager(directory: Path, webhook: Webhook) -> tuple[subprocess.P
             f"--web.listen-address=127.0.0.1:{port}",
             "--cluster.listen-address=",
         ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
+        directory / "am.log",
     )
-
-    def ready() -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
+    ready = functools.partial(http_ok, f"http://127.0.0.1:{port}/-/ready")
     assert wait_until(ready, 15), (directory / "am.log").read_text()
     return process, port
 
@@ -517,7 +508,7 @@ def test_baseline_shipped_dashboards_are_current(tmp_path: Path) -> None:
 def test_baseline_names_are_what_the_real_exporter_exposes(learned: Path) -> None:
     # Every metric name in the generated rules and the pull-path dashboards is one the
     # real Prometheus exporter writes for otelgpu's catalog -- a rename breaks this test.
-    from backends_support import exposition_names, otelgpu_metric_tables, promql_metric_names
+    from fixtures.backends import exposition_names, otelgpu_metric_tables, promql_metric_names
 
     from otelgpu.baseline.rules import rules_document
 
@@ -571,15 +562,7 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
             return list(json.loads(r.read())["data"]["result"])
 
     try:
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        assert wait_until(healthy, 15)
+        assert wait_until(functools.partial(http_ok, f"{url}/health"), 15)
         demo = Path(__file__).with_name("otlp_demo.py")
         run = subprocess.run(
             [sys.executable, str(demo), f"{url}/opentelemetry", "5"],

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from backends_support import ROOT, RULES, require_binaries
+import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
+from fixtures.backends import ROOT, RULES, promtool
 
 pytestmark = pytest.mark.backend
 
@@ -117,25 +116,17 @@ def test_backends_docs_name_only_attributes_otelgpu_sets(sim_gpu: Any) -> None:
 
 
 def test_backends_docs_prometheus_config_passes_promtool(tmp_path: Path) -> None:
-    promtool = require_binaries("promtool")["promtool"]
     (block,) = [b for b in _blocks("yaml") if "scrape_configs" in b]
     config = yaml.safe_load(block)
     assert config["rule_files"] == ["otelgpu-rules.yml"]
     (tmp_path / "otelgpu-rules.yml").write_text(RULES.read_text())
     (tmp_path / "prometheus.yml").write_text(json.dumps(config))
-    result = subprocess.run(
-        [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 14 rules found" in result.stdout
 
 
 def test_backends_docs_promql_examples_parse(tmp_path: Path) -> None:
-    promtool = require_binaries("promtool")["promtool"]
     expressions = [
         line
         for block in _blocks("promql")
@@ -154,13 +145,7 @@ def test_backends_docs_promql_examples_parse(tmp_path: Path) -> None:
         ]
     }
     (tmp_path / "examples.yml").write_text(json.dumps(rules))
-    result = subprocess.run(
-        [promtool, "check", "rules", str(tmp_path / "examples.yml")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = promtool("check", "rules", str(tmp_path / "examples.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
     # The histograms they query are otelgpu's sketch metrics (OTLP-translated names).
     from otelgpu.metrics import catalog

@@ -17,6 +17,7 @@ return, in both:
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Iterator
@@ -24,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backends_support import (
+from fixtures.backends import (
     NATIVE_HISTOGRAMS,
     RULES,
     PrometheusServer,
-    free_port,
     require_binaries,
     start_prometheus,
     wait_until,
 )
+from fixtures.processes import free_port
 from fixtures.sim import SMALL_SCENARIO
 
 import otelgpu
@@ -155,7 +156,7 @@ def test_backends_prometheus_scrapes_gpu_metrics_and_quantiles(
             reference.add(v)
         for q in QUANTILES:
             promql = f'{metric}{{quantile="{q}"{selector}}}'
-            result = wait_until(lambda promql=promql: prom.query(promql), 10)
+            result = wait_until(functools.partial(prom.query, promql), 10)
             assert len(result) == 1, (promql, result)
             value = float(result[0]["value"][1])
             # The gauge's rule is the one the histogram implies (nearest rank).

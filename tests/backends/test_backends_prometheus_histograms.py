@@ -26,6 +26,7 @@ every second: one plain (text format, classic histograms), one started with
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -37,16 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from backends_support import (
+from fixtures.backends import (
     NATIVE_HISTOGRAMS,
     ROOT,
     PrometheusServer,
-    free_port,
     promql_metric_names,
     require_binaries,
     start_prometheus,
     wait_until,
 )
+from fixtures.processes import free_port
 
 import otelgpu
 from otelgpu.otel import histogram_rule
@@ -117,7 +118,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
         assert runtime is not None
         # Record only once Prometheus scrapes: rate() must see the increases.
         for server in servers:
-            assert wait_until(lambda server=server: server.query("up == 1"), 20), server.log()
+            assert wait_until(functools.partial(server.query, "up == 1"), 20), server.log()
         rng = random.Random(11)
         values: dict[str, list[float]] = {"steps": [], "steps_window": [], "ok": [], "all": []}
         t0 = time.time_ns()
@@ -284,7 +285,7 @@ def test_backends_prometheus_histograms_and_doc_queries(demo: Demo) -> None:
         assert holders, (doc, expr, "no server holds every name")
         for key in holders:
             server = servers[key]
-            result = wait_until(lambda expr=expr, server=server: server.query(expr), 10)
+            result = wait_until(functools.partial(server.query, expr), 10)
             assert result, (key, doc, expr)
             assert all(not math.isnan(float(s["value"][1])) for s in result), (key, doc, expr)
             checked[key] += 1

@@ -13,39 +13,31 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from typing import Any
 
 import pytest
-import yaml
-from backends_support import (
+import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
+from fixtures.backends import (
     RULES,
     RULES_TEST,
     exposition_names,
+    fired_alerts,
     otelgpu_metric_tables,
     promql_metric_names,
-    require_binaries,
+    promtool,
+    promtool_ok,
+    rules_of,
 )
 
 pytestmark = pytest.mark.backend
 
 
 def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [rule for group in doc["groups"] for rule in group["rules"]]
-
-
-def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    promtool = require_binaries("promtool")["promtool"]
-    return subprocess.run(
-        [promtool, *args], capture_output=True, text=True, timeout=60, check=False
-    )
+    return rules_of(RULES)
 
 
 def test_backends_promtool_check_rules_accepts_every_rule() -> None:
-    result = _promtool("check", "rules", str(RULES))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(_rules())} rules found" in promtool_ok("check", "rules", str(RULES))
 
 
 def test_backends_promtool_rejects_a_broken_rule(tmp_path: Any) -> None:
@@ -56,15 +48,13 @@ def test_backends_promtool_rejects_a_broken_rule(tmp_path: Any) -> None:
     assert broken != RULES.read_text()
     path = tmp_path / "broken.yml"
     path.write_text(broken)
-    result = _promtool("check", "rules", str(path))
+    result = promtool("check", "rules", str(path))
     assert result.returncode == 1
     assert "parse error" in result.stdout + result.stderr
 
 
 def test_backends_promtool_unit_tests_pass() -> None:
-    result = _promtool("test", "rules", str(RULES_TEST))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    assert "SUCCESS" in promtool_ok("test", "rules", str(RULES_TEST))
 
 
 def test_backends_promtool_unit_tests_catch_a_wrong_threshold(tmp_path: Any) -> None:
@@ -75,19 +65,13 @@ def test_backends_promtool_unit_tests_catch_a_wrong_threshold(tmp_path: Any) -> 
     assert loosened != rules
     (tmp_path / "otelgpu-rules.yml").write_text(loosened)
     (tmp_path / "otelgpu-rules.test.yml").write_text(RULES_TEST.read_text())
-    result = _promtool("test", "rules", str(tmp_path / "otelgpu-rules.test.yml"))
+    result = promtool("test", "rules", str(tmp_path / "otelgpu-rules.test.yml"))
     assert result.returncode == 1
     assert "OtelgpuGpuMemoryNearOom" in result.stdout + result.stderr
 
 
 def test_backends_every_alert_has_a_firing_unit_test() -> None:
-    tests = yaml.safe_load(RULES_TEST.read_text())["tests"]
-    fired = {
-        case["alertname"]
-        for test in tests
-        for case in test.get("alert_rule_test", [])
-        if case.get("exp_alerts")
-    }
+    fired = fired_alerts(RULES_TEST)
     alerts = {rule["alert"] for rule in _rules() if "alert" in rule}
     assert len(alerts) >= 12
     assert alerts - fired == set(), "alerts without a firing promtool test case"

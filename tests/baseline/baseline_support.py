@@ -22,20 +22,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-
-from backends_support import (
+from fixtures.backends import (
     PrometheusServer,
     _wait_ready,
-    free_port,
     require_binaries,
     wait_until,
 )
+from fixtures.processes import free_port
 
 __all__ = [
     "EXPECTED_ALERTS",
@@ -239,7 +237,7 @@ def backfill(directory: Path, end: float, duration_s: float) -> Path:
 
 def start_store(
     directory: Path,
-    config: dict[str, object],
+    config: Mapping[str, object],
     data: Path | None = None,
     extra: tuple[str, ...] = (),
     port: int | None = None,

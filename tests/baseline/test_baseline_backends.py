@@ -136,7 +136,7 @@ def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_pa
         check=False,
     )
     assert unit.returncode == 0, unit.stdout[-4000:]
-    import yaml
+    import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
 
     doc = yaml.safe_load(tests.read_text())
     names = [t["name"] for t in doc["tests"]]
@@ -158,7 +158,7 @@ def test_baseline_rules_unit_tests_catch_a_loosened_threshold(
     cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
     step = load(learned).entry("train_step_p95")
     assert step is not None
-    import yaml
+    import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
 
     doc = yaml.safe_load(rules.read_text())
     (rule,) = [
@@ -442,7 +442,7 @@ def test_baseline_shipped_dashboards_are_current(tmp_path: Path) -> None:
 def test_baseline_names_are_what_the_real_exporter_exposes(learned: Path) -> None:
     # Every metric name in the generated rules and the pull-path dashboards is one the
     # real Prometheus exporter writes for otelgpu's catalog -- a rename breaks this test.
-    from backends_support import exposition_names, otelgpu_metric_tables, promql_metric_names
+    from fixtures.backends import exposition_names, otelgpu_metric_tables, promql_metric_names
 
     from otelgpu.baseline.rules import rules_document
 

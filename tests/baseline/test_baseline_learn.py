@@ -11,11 +11,12 @@ import json
 import random
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.otel import python_env
+from fixtures.otel import make_run, python_env
 
 from otelgpu.baseline import names
 from otelgpu.baseline.drift import FileBaseline
@@ -24,11 +25,10 @@ from otelgpu.baseline.learn import Requirements, entry_from_values
 from otelgpu.baseline.model import BaselineFile, load
 from otelgpu.baseline.tighten import propose, render
 from otelgpu.diagnosis.drift import StepDrift
+from otelgpu.diagnosis.serving import ServingDiagnosis
 from otelgpu.diagnosis.settings import resolve
 from otelgpu.errors import ConfigurationError
 from otelgpu.report.model import load as load_run
-
-MAKE_RUN = Path(__file__).resolve().parents[1] / "report" / "make_run.py"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,16 +45,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    proc = subprocess.run(
-        [sys.executable, str(MAKE_RUN), str(out), "--seed", "1"],
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    (path,) = out.glob("*.otlp.jsonl")
-    return path
+    return make_run(out, "--seed", "1")
 
 
 @pytest.fixture(scope="module")
@@ -242,11 +233,15 @@ def test_baseline_file_drives_the_serving_latency_drift(
         rt = _runtime.current()
         assert rt is not None
         (observe,) = rt.requests.observers
+        assert isinstance(observe, types.MethodType)  # the serving diagnosis' bound observer
         serving = observe.__self__
+        assert isinstance(serving, ServingDiagnosis)
         assert isinstance(serving.ttft.baseline, FileBaseline)
         assert isinstance(serving.duration.baseline, FileBaseline)
         stored = load(learned).sketch("inference_ttft_p99")
-        assert serving.ttft.baseline.sketch().to_bytes() == stored.to_bytes()
+        learned_sketch = serving.ttft.baseline.sketch()
+        assert learned_sketch is not None
+        assert learned_sketch.to_bytes() == stored.to_bytes()
     finally:
         otelgpu.shutdown()
     monkeypatch.delenv("OTELGPU_BASELINE")
@@ -255,6 +250,8 @@ def test_baseline_file_drives_the_serving_latency_drift(
         rt = _runtime.current()
         assert rt is not None
         (observe,) = rt.requests.observers
+        assert isinstance(observe, types.MethodType)
+        assert isinstance(observe.__self__, ServingDiagnosis)
         assert not isinstance(observe.__self__.ttft.baseline, FileBaseline)
     finally:
         otelgpu.shutdown()

@@ -22,6 +22,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -93,11 +95,13 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
 
     sampler = GpuSampler(interval_s=0.05)
     sampler.start()
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
-    from torch_helpers import RuntimeHarness
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from fixtures.otel import attributes_of, span_seconds
+    from fixtures.torch_runtime import RuntimeHarness
 
     import otelgpu.diagnosis as D
     from otelgpu.diagnosis import names as N
+    from otelgpu.diagnosis.stragglers import RankSummary, StragglerReport
     from otelgpu.instrumentation.torch import flush
 
     if rank == 3:
@@ -108,7 +112,7 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
         c10d = dist.distributed_c10d
         fast = c10d.all_reduce
 
-        def slow_all_reduce(*args: object, **kwargs: object) -> object:
+        def slow_all_reduce(*args: Any, **kwargs: Any) -> Any:
             result = fast(*args, **kwargs)
             tensor = args[0] if args else kwargs.get("tensor")
             if SCENARIOS[SEGMENT_NOW[0]] == "comm" and getattr(tensor, "numel", int)() > 1:
@@ -127,8 +131,8 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
     assessed: list[dict[str, object]] = []
     feed = diagnosis.stragglers.feed
 
-    def feed_and_keep(rows: list[object]) -> list[object]:
-        got = feed(rows)  # type: ignore[arg-type]
+    def feed_and_keep(rows: Sequence[RankSummary]) -> list[StragglerReport]:
+        got = feed(rows)
         latest = diagnosis.stragglers.latest
         if latest is not None:
             assessed.append(
@@ -164,7 +168,7 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
             slowdown[0] = NOMINAL_CLOCK_MHZ / latest.sm_clock_mhz
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        grads = torch.cat([_grad(p).flatten() for p in model.parameters()])
         dist.all_reduce(grads)
         opt.step()
         opt.zero_grad()
@@ -179,14 +183,11 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
     spans = h.step_spans()
     sums = []
     for s in spans:
-        a = dict(s.attributes)
+        a = attributes_of(s)
         total = sum(a[N.SPAN_PHASE_PREFIX + p] for p in N.PHASES)
-        sums.append(total / ((s.end_time - s.start_time) / 1e9))
+        sums.append(total / span_seconds(s))
     events = [
-        dict(e.attributes)
-        for s in spans
-        for e in s.events
-        if e.name == "otelgpu.diagnosis.straggler"
+        attributes_of(e) for s in spans for e in s.events if e.name == "otelgpu.diagnosis.straggler"
     ]
     latest_window = diagnosis.stragglers.latest
     findings = {tuple(sorted(a.items())): v for a, v in h.metrics().get(N.FINDINGS.name, [])}
@@ -232,10 +233,15 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
         json.dump(result, f)
 
 
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "backward() ran: every parameter has a gradient"
+    return p.grad
+
+
 NOMINAL_CLOCK_MHZ = 1980  # H100-SXM boost clock in the simulator's model
 
 if __name__ == "__main__":
     port, out, sim_toml = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    mp.start_processes(
+    mp.start_processes(  # type: ignore[attr-defined]  # re-exported by torch without __all__
         worker, args=(port, out, sim_toml), nprocs=WORLD, join=True, start_method="fork"
     )

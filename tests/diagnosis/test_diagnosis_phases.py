@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch_helpers import RuntimeHarness
+from fixtures.otel import attributes_of, span_seconds
+from fixtures.torch_runtime import RuntimeHarness
 
 import otelgpu.diagnosis as D
 from otelgpu.diagnosis import names as N
@@ -48,10 +49,11 @@ class SlowForward(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(FORWARD_SLEEP_S)
-        return self.b(SlowBackward.apply(torch.relu(self.a(x))))
+        out: torch.Tensor = self.b(SlowBackward.apply(torch.relu(self.a(x))))
+        return out
 
 
-def _loop(harness: RuntimeHarness) -> list[dict[str, float]]:
+def _loop(harness: RuntimeHarness) -> list[dict[str, int]]:
     torch.manual_seed(0)
     model = SlowForward()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -90,10 +92,12 @@ def test_diagnosis_phases_match_the_loops_stopwatch(harness: RuntimeHarness) -> 
     spans = harness.step_spans()
     assert len(spans) == STEPS
     errors: dict[str, list[float]] = {p: [] for p in watch[0]}
-    fwd, bwd, optimizer_gap = [], [], []
+    fwd: list[float] = []
+    bwd: list[float] = []
+    optimizer_gap: list[float] = []
     for span, w in zip(spans[1:], watch[1:], strict=True):  # step 1 starts at the first hook
-        a = dict(span.attributes)
-        step_s = (span.end_time - span.start_time) / 1e9
+        a = attributes_of(span)
+        step_s = span_seconds(span)
         phases = {p: a[N.SPAN_PHASE_PREFIX + p] for p in N.PHASES}
         assert abs(sum(phases.values()) - step_s) <= 0.02 * step_s
         for p, ns in w.items():
@@ -144,7 +148,7 @@ def test_diagnosis_phase_metrics_and_verdict(
         harness.close()  # shutdown: the verdict span + one log record
     spans = [s for s in harness.spans_exporter.get_finished_spans() if s.name == N.VERDICT_SPAN]
     assert len(spans) == 1
-    attrs = dict(spans[0].attributes)
+    attrs = attributes_of(spans[0])
     assert attrs[N.VERDICT_BOTTLENECK] == "compute"
     assert attrs["otelgpu.verdict.summary"].startswith("compute-bound: forward, backward and")
     assert (
@@ -228,7 +232,7 @@ def test_diagnosis_off(harness: RuntimeHarness) -> None:
     harness.instrument(diagnosis=False)
     _loop(harness)
     spans = harness.step_spans()
-    assert spans and not any(k.startswith(N.SPAN_PHASE_PREFIX) for k in spans[0].attributes)
+    assert spans and not any(k.startswith(N.SPAN_PHASE_PREFIX) for k in attributes_of(spans[0]))
     assert not torch.nn.modules.module._global_forward_pre_hooks
 
 

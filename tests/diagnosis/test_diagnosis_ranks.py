@@ -11,16 +11,13 @@ scenario of the last step of the window it was concluded in.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch  # noqa: F401  (must be importable: fail, never skip)
+from fixtures.processes import free_port, run_ranks
 
 JOB = Path(__file__).with_name("rank_job.py")
 
@@ -38,35 +35,13 @@ utilization = 90
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(tmp: Path, attempt: int) -> dict[int, dict[str, Any]] | str:
     out = tmp / f"attempt{attempt}"
     out.mkdir()
     toml = tmp / "four-h100.toml"
     toml.write_text(SIM_TOML)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(JOB), str(_free_port()), str(out), str(toml)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        return f"timeout: {exc.stderr!r}"
-    results = {}
-    for rank in range(4):
-        path = out / f"rank{rank}.json"
-        if not path.exists():
-            return f"rc={proc.returncode} stderr={proc.stderr[-4000:]}"
-        results[rank] = json.loads(path.read_text())
-    return results
+    argv = [sys.executable, str(JOB), str(free_port()), str(out), str(toml)]
+    return run_ranks(argv, out, ranks=4, timeout=180)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +90,7 @@ def _reported_once_by_rank0(job: dict[int, dict[str, Any]], rank: int, cause: st
         assert job[other]["logs"] == [] and job[other]["events"] == []
     for r in job.values():
         assert rank in [s["rank"] for s in r["verdict"]["stragglers"]]
-    return line
+    return str(line)
 
 
 def test_diagnosis_ranks_healthy_scenario_has_no_straggler(job: dict[int, dict[str, Any]]) -> None:

@@ -10,21 +10,19 @@ Prometheus exporter names it.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-
-from backends_support import (
+import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
+from fixtures.backends import (
     exposition_names,
+    fired_alerts,
     otelgpu_metric_tables,
     promql_metric_names,
-    require_binaries,
+    promtool,
+    promtool_ok,
+    rules_of,
 )
 
 from otelgpu.diagnosis import names as N
@@ -37,27 +35,17 @@ RULES_TEST = ALERTS / "otelgpu-diagnosis-rules.test.yml"
 
 
 def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [rule for group in doc["groups"] for rule in group["rules"]]
-
-
-def _promtool(*args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str]:
-    promtool = require_binaries("promtool")["promtool"]
-    return subprocess.run(
-        [promtool, *args], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
-    )
+    return rules_of(RULES)
 
 
 def test_diagnosis_rules_check() -> None:
-    result = _promtool("check", "rules", str(RULES))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(_rules())} rules found" in promtool_ok(
+        "check", "rules", str(RULES), cwd=ALERTS
+    )
 
 
 def test_diagnosis_rules_unit_tests_pass() -> None:
-    result = _promtool("test", "rules", str(RULES_TEST))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    assert "SUCCESS" in promtool_ok("test", "rules", str(RULES_TEST), cwd=ALERTS)
 
 
 def test_diagnosis_rules_catch_a_wrong_threshold(tmp_path: Path) -> None:
@@ -69,19 +57,13 @@ def test_diagnosis_rules_catch_a_wrong_threshold(tmp_path: Path) -> None:
     assert loosened != rules
     (tmp_path / RULES.name).write_text(loosened)
     (tmp_path / RULES_TEST.name).write_text(RULES_TEST.read_text())
-    result = _promtool("test", "rules", str(tmp_path / RULES_TEST.name), cwd=tmp_path)
+    result = promtool("test", "rules", str(tmp_path / RULES_TEST.name), cwd=tmp_path)
     assert result.returncode == 1
     assert "OtelgpuTrainRankStraggler" in result.stdout + result.stderr
 
 
 def test_diagnosis_rules_every_alert_fires_in_a_test() -> None:
-    tests = yaml.safe_load(RULES_TEST.read_text())["tests"]
-    fired = {
-        case["alertname"]
-        for test in tests
-        for case in test.get("alert_rule_test", [])
-        if case.get("exp_alerts")
-    }
+    fired = fired_alerts(RULES_TEST)
     alerts = {rule["alert"] for rule in _rules() if "alert" in rule}
     assert alerts and alerts - fired == set()
 

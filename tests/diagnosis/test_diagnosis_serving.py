@@ -6,7 +6,8 @@ import logging
 import random
 
 import pytest
-from torch_helpers import RuntimeHarness
+from fixtures.otel import attributes_of
+from fixtures.torch_runtime import RuntimeHarness
 
 from otelgpu.diagnosis import names as N
 from otelgpu.diagnosis.serving import attach
@@ -45,7 +46,7 @@ def test_diagnosis_ttft_drift_on_request_spans(
     lines = [r.getMessage() for r in caplog.records]
     assert any("TTFT drifted slower" in line for line in lines), lines
     events = [
-        dict(e.attributes)
+        attributes_of(e)
         for s in harness.spans_exporter.get_finished_spans()
         for e in s.events
         if e.name == N.EVENT_PREFIX + "latency_drift"

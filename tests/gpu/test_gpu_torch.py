@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch  # a test dependency: missing must fail, not skip
+from fixtures.otel import attributes_of
 
 pytestmark = pytest.mark.gpu
 
@@ -282,8 +283,6 @@ def test_step_spans_attributed_to_the_device_in_use() -> None:
         TorchInstrumentor().uninstrument()
         sampler.stop()
     expected = next(d.uuid for d in sampler.devices if d.cuda_index == ordinal)
-    steps = [
-        dict(s.attributes) for s in spans.get_finished_spans() if s.name == "otelgpu.train.step"
-    ]
+    steps = [attributes_of(s) for s in spans.get_finished_spans() if s.name == "otelgpu.train.step"]
     assert len(steps) == 4
     assert {a.get("hw.id") for a in steps} == {expected}

@@ -41,7 +41,9 @@ def test_report_shows_tokens_per_joule_and_mfu(
         time.sleep(0.3)
     finally:
         handle.shutdown()
-    run = model.load([Path(handle.recording_path)])
+    recording = handle.recording_path
+    assert recording is not None
+    run = model.load([Path(recording)])
     t = analysis.training(run)
     assert t is not None and t.joules_per_token is not None and t.mfu is not None
     step_spans = run.steps
@@ -55,7 +57,7 @@ def test_report_shows_tokens_per_joule_and_mfu(
             float(s.attributes["otelgpu.gpu.energy"]) / 8
         )
     buf = io.StringIO()
-    assert report.summarise([handle.recording_path], buf) > 0
+    assert report.summarise([str(recording)], buf) > 0
     text = buf.getvalue()
     assert f"({1 / t.joules_per_token:,.0f} tokens/J)" in text
     assert f"MFU          {t.mfu * 100:.1f} %" in text

@@ -4,15 +4,15 @@ of ``otelgpu.instrument()`` on the wall-clock simulator)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
-import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from fixtures.otel import attributes_of, instrumented_steps, span_seconds
+from opentelemetry.sdk.trace import ReadableSpan
 
 import otelgpu
 from otelgpu import sim
@@ -20,7 +20,6 @@ from otelgpu.errors import ConfigurationError
 from otelgpu.gpu_truth import peaks
 from otelgpu.gpu_truth.flops import MAX_SHAPES, StepFlops, count_flops
 from otelgpu.gpu_truth.work import mismatch_reason
-from otelgpu.metrics import catalog
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
@@ -38,9 +37,13 @@ def _analytic_flops(batch: int) -> int:
 
 
 def _train_step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    loss = model(x).sum()
+    loss: torch.Tensor = model(x).sum()
     loss.backward()
     return loss
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    return x @ x.T
 
 
 @pytest.mark.parametrize("batch", [8, 33])
@@ -58,7 +61,7 @@ def test_step_flops_counts_once_per_input_shape() -> None:
     seen = []
     for batch in (8, 8, 8, 16, 16, 8):
         x = torch.randn(batch, WIDTHS[0], requires_grad=True)
-        _, flops = counter.step(lambda x=x: _train_step(model, x), x)
+        _, flops = counter.step(functools.partial(_train_step, model, x), x)
         seen.append(flops)
     assert counter.measured == 2  # the first step of each shape, never the others
     assert seen == [_analytic_flops(b) for b in (8, 8, 8, 16, 16, 8)]
@@ -68,7 +71,7 @@ def test_step_flops_memory_is_bounded() -> None:
     counter = StepFlops()
     for n in range(MAX_SHAPES + 5):
         x = torch.randn(1, n + 1)
-        counter.step(lambda x=x: x @ x.T, x)
+        counter.step(functools.partial(_gram, x), x)
     assert counter.measured == MAX_SHAPES
 
 
@@ -95,36 +98,27 @@ def test_mismatch_rule() -> None:
 
 
 def _run_steps(
-    sim_scenario: Callable[..., sim.SimGpu], flops: float, **settings: object
-) -> tuple[list[object], InMemorySpanExporter]:
+    sim_scenario: Callable[..., sim.SimGpu], flops: float, **settings: Any
+) -> list[ReadableSpan]:
     sim_scenario("memory-bound-decode", clock="wall")  # 1x H100 SXM, tensor activity 10 %
-    spans = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    handle = otelgpu.instrument(
-        tracer_provider=provider, exporters="none", sample_interval_ms=50, **settings
+    return instrumented_steps(
+        2,
+        0.2,
+        warmup_s=0.15,
+        step={"samples": 4, "flops": flops},
+        sample_interval_ms=50,
+        **settings,
     )
-    try:
-        time.sleep(0.15)
-        for _ in range(2):
-            with otelgpu.step(samples=4, flops=flops):
-                time.sleep(0.2)
-    finally:
-        handle.shutdown()
-        provider.shutdown()
-    steps = [s for s in spans.get_finished_spans() if s.name == catalog.STEP_SPAN]
-    assert len(steps) == 2
-    return steps, spans
 
 
 def test_step_mfu_against_the_simulated_h100_peak(
     sim_scenario: Callable[..., sim.SimGpu],
 ) -> None:
     flops = 0.004 * 989e12 * 0.2  # ~0.4 % MFU: consistent with 10 % tensor activity
-    steps, _ = _run_steps(sim_scenario, flops)
+    steps = _run_steps(sim_scenario, flops)
     for span in steps:
-        attrs = dict(span.attributes or {})
-        duration_s = (span.end_time - span.start_time) / 1e9
+        attrs = attributes_of(span)
+        duration_s = span_seconds(span)
         assert attrs["otelgpu.train.flops"] == flops
         assert attrs["otelgpu.train.mfu"] == pytest.approx(flops / (duration_s * 989e12))
         assert not [e for e in span.events if e.name == "otelgpu.train.mfu.mismatch"]
@@ -133,10 +127,10 @@ def test_step_mfu_against_the_simulated_h100_peak(
 def test_peak_override_and_mismatch_event(sim_scenario: Callable[..., sim.SimGpu]) -> None:
     peak = 1e12
     flops = 0.5 * peak * 0.2  # ~50 % MFU while the tensor pipes are 10 % busy
-    steps, _ = _run_steps(sim_scenario, flops, peak_flops=peak)
+    steps = _run_steps(sim_scenario, flops, peak_flops=peak)
     for span in steps:
-        attrs = dict(span.attributes or {})
-        duration_s = (span.end_time - span.start_time) / 1e9
+        attrs = attributes_of(span)
+        duration_s = span_seconds(span)
         assert attrs["otelgpu.train.mfu"] == pytest.approx(flops / (duration_s * peak))
         (event,) = [e for e in span.events if e.name == "otelgpu.train.mfu.mismatch"]
         assert event.attributes is not None

@@ -24,7 +24,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, proto
+from google.protobuf import (  # type: ignore[import-untyped]  # no protobuf stubs in the test extras
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+    proto,
+)
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -170,7 +175,8 @@ def prometheus_index(value: float, schema: int) -> int:
     two by ``frexp``, others by logarithm: random values are never on a boundary)."""
     mantissa, exponent = math.frexp(abs(value))
     if mantissa == 0.5:  # |value| == 2 ** (exponent - 1): an upper bound at every schema
-        return (exponent - 1) * 2**schema if schema >= 0 else (exponent - 1) // 2**-schema
+        # (floor division by 2**-schema for negative schemas: an arithmetic right shift)
+        return (exponent - 1) << schema if schema >= 0 else (exponent - 1) >> -schema
     return math.ceil(math.log2(abs(value)) * 2.0**schema)
 
 

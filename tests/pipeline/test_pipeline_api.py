@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from fixtures.otel import InMemoryOtel, sketch_spec
+from fixtures.otel import InMemoryOtel, attributes_of, metrics_data, point_value, sketch_spec
 from opentelemetry.trace import StatusCode
 
 import otelgpu
@@ -205,9 +205,9 @@ def test_pipeline_quantile_gauges_on_app_meter(app: App) -> None:
     hist = _runtime_now().instrument(sketch_spec("otelgpu.test.q", "s", "q"))
     for v in range(1, 1001):
         hist.record(v / 1000)
-    data = app.reader.get_metrics_data()
+    data = metrics_data(app.reader)
     points = {
-        p.attributes["quantile"]: p.value
+        attributes_of(p)["quantile"]: point_value(p)
         for rm in data.resource_metrics
         for sm in rm.scope_metrics
         for m in sm.metrics
@@ -301,7 +301,7 @@ def test_pipeline_gpu_instrumentor_uses_given_providers() -> None:
 def _window(uuid: str, util: float, start: int, end: int) -> Any:
     from otelgpu.sampler import WindowStats
 
-    fields = dict.fromkeys(WindowStats._fields)
+    fields: dict[str, Any] = dict.fromkeys(WindowStats._fields)
     fields.update(
         uuid=uuid, start_ns=start, end_ns=end, samples=5, lost=False,
         gpu_util_mean_pct=util, gpu_util_max_pct=util, memory_used_peak_bytes=1 << 30,

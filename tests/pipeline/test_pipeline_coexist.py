@@ -12,14 +12,17 @@ from pathlib import Path
 import pytest
 from fixtures.otel import (
     PYTHON,
-    free_port,
+    metrics_data,
+    point_value,
     python_env,
-    reset_otel_globals,  # noqa: F401 - pytest fixtures
+    reset_otel_globals,  # noqa: F401 - pytest fixtures,
+    zero_code_env,
 )
 from fixtures.otlp_receiver import (
     OtlpReceiver,
     attributes,
 )
+from fixtures.processes import free_port
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -65,11 +68,11 @@ def test_pipeline_attaches_to_application_providers(otlp_receiver: OtlpReceiver)
     # Counters and quantile gauges are on the application's meter...
     got = {
         m.name: m
-        for rm in reader.get_metrics_data().resource_metrics
+        for rm in metrics_data(reader).resource_metrics
         for sm in rm.scope_metrics
         for m in sm.metrics
     }
-    assert got[names.TRAIN_STEPS.name].data.data_points[0].value == 4
+    assert point_value(got[names.TRAIN_STEPS.name].data.data_points[0]) == 4
     assert names.TRAIN_STEP_DURATION.name + ".quantile" in got
     # ...and the exponential histogram reached otelgpu's exporter.
     hist = otlp_receiver.last_metric(names.TRAIN_STEP_DURATION.name)
@@ -173,15 +176,10 @@ def test_pipeline_under_opentelemetry_instrument(otlp_receiver: OtlpReceiver) ->
                 pass
         print("ok")
     """
-    env = python_env(
-        OTEL_SERVICE_NAME="zero-code",
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_EXPORTER_OTLP_ENDPOINT=otlp_receiver.grpc_endpoint,
-        OTEL_EXPORTER_OTLP_INSECURE="true",
+    env = zero_code_env(
+        otlp_receiver,
+        "zero-code",
         OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="otelgpu_torch,otelgpu_vllm",
-        OTELGPU_GPU="false",
     )
     instrument = str(Path(PYTHON).parent / "opentelemetry-instrument")
     assert _run(code, env, instrument).strip() == "ok"

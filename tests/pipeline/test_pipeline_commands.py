@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from fixtures.otel import (
-    free_port,
     python_env,
     reset_otel_globals,  # noqa: F401 - pytest fixtures
 )
+from fixtures.processes import free_port
 
 import otelgpu
 from otelgpu.cli import main

@@ -16,7 +16,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import tomllib
 from fixtures.otel import python_env
 from fixtures.otlp_receiver import (
     OtlpReceiver,
@@ -24,6 +23,11 @@ from fixtures.otlp_receiver import (
 )
 
 from otelgpu.metrics import catalog as names
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 SCENARIO = "healthy-8xh100"
 ROOT = Path(__file__).resolve().parents[2]

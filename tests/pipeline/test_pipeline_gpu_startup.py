@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fixtures.otel import attributes_of, metrics_data, point_value
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
 
 import otelgpu
 from otelgpu import sim
@@ -84,7 +86,7 @@ def test_pipeline_slow_driver_does_not_block_instrument() -> None:
         assert "hw.gpu.utilization" in _metric_names(reader)
     finally:
         handle.shutdown()
-    assert not handle.runtime.sampler.running
+    assert handle.runtime is not None and not handle.runtime.sampler.running
 
 
 @pytest.mark.usefixtures("unload_sim")
@@ -123,7 +125,9 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
     try:
         runtime = handle.runtime
         assert runtime is not None and runtime.pipeline is not None
-        attrs = runtime.pipeline.tracer_provider.resource.attributes
+        provider = runtime.pipeline.tracer_provider
+        assert isinstance(provider, TracerProvider)
+        attrs = provider.resource.attributes
         assert attrs["otelgpu.gpu.count"] == 2
         assert "otelgpu.gpu.names" not in attrs and "otelgpu.gpu.uuids" not in attrs
         assert attrs["otelgpu.gpu.driver_version"]
@@ -132,9 +136,9 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
         # The two healthy GPUs keep their identity attributes on their series.
         sim.active().advance(1.0)  # type: ignore[union-attr]
         sampler.sample_once()
-        data = reader.get_metrics_data()
+        data = metrics_data(reader)
         points = [
-            dict(p.attributes)
+            attributes_of(p)
             for rm in data.resource_metrics
             for sm in rm.scope_metrics
             for m in sm.metrics
@@ -145,7 +149,7 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
         assert {p.get("hw.model") for p in points} == {"NVIDIA H100 80GB HBM3"}
         # The lost GPU has no sampled series but its own hw.status, in the failed state.
         status = {
-            (p.attributes["hw.id"], p.attributes["hw.state"]): p.value
+            (attributes_of(p)["hw.id"], attributes_of(p)["hw.state"]): point_value(p)
             for rm in data.resource_metrics
             for sm in rm.scope_metrics
             for m in sm.metrics

@@ -4,17 +4,12 @@ SDK tracer provider, the sampler of ``otelgpu.instrument()`` on the wall-clock s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from fixtures.otel import attributes_of, instrumented_steps
 
-import otelgpu
 from otelgpu import sim
-from otelgpu.metrics import catalog
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
@@ -23,22 +18,10 @@ def test_pipeline_memory_bound_step_spans_show_low_tensor_activity(
     sim_scenario: Callable[..., sim.SimGpu],
 ) -> None:
     sim_scenario("memory-bound-decode", clock="wall")
-    spans = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    handle = otelgpu.instrument(tracer_provider=provider, exporters="none", sample_interval_ms=100)
-    try:
-        time.sleep(0.25)  # the first GPM sample is the baseline of the next ones
-        for _ in range(2):
-            with otelgpu.step(samples=4):
-                time.sleep(0.75)
-    finally:
-        handle.shutdown()
-        provider.shutdown()
-    steps = [s for s in spans.get_finished_spans() if s.name == catalog.STEP_SPAN]
-    assert len(steps) == 2
+    # warm-up: the first GPM sample is the baseline of the next ones
+    steps = instrumented_steps(2, 0.75, warmup_s=0.25, step={"samples": 4}, sample_interval_ms=100)
     for span in steps:
-        attrs = dict(span.attributes or {})
+        attrs = attributes_of(span)
         assert attrs["otelgpu.gpu.utilization.mean"] == pytest.approx(0.95)
         assert attrs["otelgpu.gpu.tensor.activity"] == pytest.approx(0.10)
         assert attrs["otelgpu.gpu.sm.activity"] == pytest.approx(0.60)

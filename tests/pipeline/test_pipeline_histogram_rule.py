@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from fixtures.otel import attributes_of
 
 from otelgpu.otel import histogram_rule
 from otelgpu.otel.sketches import SketchHistogram
@@ -20,7 +21,7 @@ def _exact(values: list[float], q: float) -> float:
 
 
 def _gauges(hist: SketchHistogram, qs: tuple[float, ...]) -> dict[float, float]:
-    return {o.attributes["quantile"]: o.value for o in hist.observe_quantiles(qs)}
+    return {float(attributes_of(o)["quantile"]): o.value for o in hist.observe_quantiles(qs)}
 
 
 def test_pipeline_quantile_gauge_two_checkpoints() -> None:

@@ -84,7 +84,7 @@ def test_pipeline_record_many_empty_batch_creates_no_series() -> None:
 def test_pipeline_record_many_never_raises() -> None:
     stats = InternalStats()
     hist = SketchHistogram("a", "s", "", stats=stats)
-    hist.record_many(42, {"k": "v"})  # type: ignore[arg-type] - not iterable
+    hist.record_many(42, {"k": "v"})  # type: ignore[arg-type]  # not iterable
     hist.record_many(None)  # type: ignore[arg-type]
     assert stats.errors() == {"record a": 2}
     hist.record_many([1.0, 2.0], {"k": "v"})
@@ -120,7 +120,7 @@ def test_pipeline_record_frozen_and_add_frozen_equal_the_plain_calls() -> None:
     counter = LocalCounter(meter, "c", "1", "", stats=stats)
     counter.add(3, attrs)
     counter.add_frozen(4, freeze(attrs), attrs)
-    counter.add_frozen(0.5, freeze(attrs), attrs)  # type: ignore[arg-type] - add()'s checks
+    counter.add_frozen(0.5, freeze(attrs), attrs)  # type: ignore[arg-type]  # add()'s checks
     counter.add_frozen(-1, freeze(attrs), attrs)  # rejected, reported, not raised
     counter.add_frozen(True, freeze(attrs), attrs)  # a bool is no amount
     assert counter.value(attrs) == 7.5

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from google.protobuf import json_format
+from google.protobuf import json_format  # type: ignore[import-untyped]  # no protobuf stubs in the test extras
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from fixtures.otel import metrics_data
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -167,7 +168,7 @@ def test_pipeline_recording_metrics_line_built_in_slices(sim_gpu: Any) -> None:
             pass
         with otelgpu.request(model="m") as r:
             r.first_token()
-    data = append_metrics(reader.get_metrics_data(), runtime.sketches.metrics())
+    data = append_metrics(metrics_data(reader), runtime.sketches.metrics())
     assert sum(len(sm.metrics) for rm in data.resource_metrics for sm in rm.scope_metrics) > 10
     assert json.loads(metrics_json_line(data)) == json.loads(to_json_line(encode_metrics(data)))
     handle.shutdown()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from fixtures.otel import sketch_spec
 from fixtures.otlp_receiver import (
+    Endpoints,
     OtlpReceiver,
     attributes,
 )
@@ -64,6 +65,19 @@ def _check_histogram(metric: Any) -> None:
     assert dp.min == min(VALUES)
     assert dp.max == max(VALUES)
     assert dp.start_time_unix_nano > 0 and dp.time_unix_nano >= dp.start_time_unix_nano
+
+
+def _export_to(target: Endpoints, protocol: str, service_name: str) -> None:
+    """Instrument with OTLP over ``protocol`` to ``target``, exercise, shut down (flushes)."""
+    endpoint = target.grpc_endpoint if protocol == "grpc" else target.http_endpoint
+    handle = otelgpu.instrument(
+        otlp_endpoint=endpoint,
+        otlp_protocol=protocol,
+        metric_export_interval_ms=3_600_000,
+        service_name=service_name,
+    )
+    _exercise()
+    handle.shutdown()
 
 
 def _check(receiver: OtlpReceiver, transport: str | None = None) -> None:
@@ -120,15 +134,7 @@ def _check(receiver: OtlpReceiver, transport: str | None = None) -> None:
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_pipeline_otlp_to_receiver(otlp_receiver: OtlpReceiver, protocol: str) -> None:
-    endpoint = otlp_receiver.grpc_endpoint if protocol == "grpc" else otlp_receiver.http_endpoint
-    handle = otelgpu.instrument(
-        otlp_endpoint=endpoint,
-        otlp_protocol=protocol,
-        metric_export_interval_ms=3_600_000,
-        service_name="wire-test",
-    )
-    _exercise()
-    handle.shutdown()
+    _export_to(otlp_receiver, protocol, "wire-test")
     transport = "grpc" if protocol == "grpc" else "http"
     _check(otlp_receiver, transport)
     resource, _, _ = otlp_receiver.spans()[0]
@@ -139,15 +145,7 @@ def test_pipeline_otlp_to_receiver(otlp_receiver: OtlpReceiver, protocol: str) -
 @pytest.mark.backend
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_pipeline_otlp_through_rotel(rotel: Any, protocol: str) -> None:
-    endpoint = rotel.grpc_endpoint if protocol == "grpc" else rotel.http_endpoint
-    handle = otelgpu.instrument(
-        otlp_endpoint=endpoint,
-        otlp_protocol=protocol,
-        metric_export_interval_ms=3_600_000,
-        service_name="rotel-test",
-    )
-    _exercise()
-    handle.shutdown()
+    _export_to(rotel, protocol, "rotel-test")
     downstream: OtlpReceiver = rotel.downstream
 
     def arrived() -> bool:

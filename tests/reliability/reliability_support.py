@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import grpc
+import grpc  # type: ignore[import-untyped]  # no grpcio stubs in the test extras
 from fixtures.otel import PYTHON, python_env
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mgrpc
@@ -90,7 +90,7 @@ def p99_ok(run: HostRun, base: HostRun) -> bool:
     of ms with the load; a host blocked by otelgpu shows up as seconds. (The per-step cost
     itself is measured in benchmarks/, not here.)"""
     p99, base_p99 = run["p99_ms"], base["p99_ms"]
-    return p99 <= max(3 * base_p99, base_p99 + 20.0) and run["max_ms"] < 1000.0
+    return bool(p99 <= max(3 * base_p99, base_p99 + 20.0) and run["max_ms"] < 1000.0)
 
 
 def closed_port() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import grpc
+import grpc  # type: ignore[import-untyped]  # no grpcio stubs in the test extras
 import pytest
 from fixtures.otlp_receiver import OtlpReceiver
 from fixtures.reliability import SOAK
@@ -101,16 +101,11 @@ def test_collector_blackhole(probe: Any, healthy: HostRun) -> None:
     p.result(*_verdict(run, healthy))
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_collector_slow(probe: Any, healthy: HostRun, protocol: str) -> None:
-    p = probe(
-        "collector",
-        f"answers slowly ({protocol})",
-        "every export answered after 5 s",
-    )
-    collector = FaultyCollector(delay_s=5.0).start()
+def _run_against(collector: FaultyCollector, protocol: str) -> HostRun:
+    """Run the host for DURATION s exporting to ``collector`` over ``protocol``; then stop
+    the collector."""
     try:
-        run = run_host(
+        return run_host(
             {
                 "instrument": otlp_settings(collector.endpoint(protocol), protocol),
                 "duration_s": DURATION,
@@ -119,6 +114,17 @@ def test_collector_slow(probe: Any, healthy: HostRun, protocol: str) -> None:
         )
     finally:
         collector.stop()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_collector_slow(probe: Any, healthy: HostRun, protocol: str) -> None:
+    p = probe(
+        "collector",
+        f"answers slowly ({protocol})",
+        "every export answered after 5 s",
+    )
+    collector = FaultyCollector(delay_s=5.0).start()
+    run = _run_against(collector, protocol)
     p.result(*_verdict(run, healthy))
 
 
@@ -144,16 +150,7 @@ def test_collector_errors(
         f"every export answered with {label}; {DURATION:.0f} s run, then shutdown()",
     )
     collector = FaultyCollector(**fault).start()
-    try:
-        run = run_host(
-            {
-                "instrument": otlp_settings(collector.endpoint(protocol), protocol),
-                "duration_s": DURATION,
-            },
-            timeout=PATIENCE_S,
-        )
-    finally:
-        collector.stop()
+    run = _run_against(collector, protocol)
     ok, figure = _verdict(run, healthy)
     dropped = sum(run.result.get("dropped", {}).values()) if run.result else 0
     ok = ok and dropped > 0  # what could not be delivered is counted

@@ -359,15 +359,15 @@ def test_hostile_values_to_the_api(probe: Any, otlp_receiver: OtlpReceiver) -> N
     time.sleep(0.5)
     handle.force_flush()
     samples = otlp_receiver.last_metric("otelgpu.train.samples")
-    value = None
+    exported: float | None = None
     if samples is not None:
         pts = samples.sum.data_points
-        value = max((pt.as_int or pt.as_double for pt in pts), default=None)
+        exported = max((pt.as_int or pt.as_double for pt in pts), default=None)
     errors = dict(stats.errors()) if stats else {}
     otelgpu.shutdown()
-    exported_ok = value is not None and math.isfinite(value) and value < 2**62
+    exported_ok = exported is not None and math.isfinite(exported) and exported < 2**62
     p.result(
         not raised and exported_ok,
         f"raised into the host: {raised or 'nothing'}; otelgpu.train.samples exported after: "
-        f"{value!r}; internal errors {json.dumps(errors)[:160]}",
+        f"{exported!r}; internal errors {json.dumps(errors)[:160]}",
     )

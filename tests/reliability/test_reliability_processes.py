@@ -25,6 +25,11 @@ from reliability_support import otlp_settings
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 
+def _decoded(output: bytes | str | None) -> str:
+    """A timed-out child's captured output as text (bytes, str or nothing, by Python version)."""
+    return output.decode() if isinstance(output, bytes) else (output or "")
+
+
 def _run(
     code: str, timeout: float = 120, **env: Any
 ) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -38,8 +43,7 @@ def _run(
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        out, err = _decoded(exc.stdout), _decoded(exc.stderr)
         proc = subprocess.CompletedProcess(exc.cmd, -9, out, err + "\n[killed: timeout]")
     return proc, time.monotonic() - t0
 

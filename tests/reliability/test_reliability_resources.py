@@ -31,6 +31,14 @@ def _recording(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
+def _check_flat(p: Any, config: dict[str, Any]) -> None:
+    """Run the host for N calls with ``config`` (RSS every tenth); ``p``'s verdict: memory
+    and per-call cost stayed flat, the host exited cleanly."""
+    run = run_host({**config, "steps": N, "work_us": 0, "rss_every": N // 10}, timeout=3600)
+    ok, figure = _flat(run)
+    p.result(ok and run.returncode == 0 and not run.traceback, figure)
+
+
 def _flat(run: HostRun) -> tuple[bool, str]:
     rss = run["rss_mb"]
     warm = rss[2] if len(rss) > 3 else rss[0]  # after 20 % of the run
@@ -55,18 +63,7 @@ def test_many_steps_flat(probe: Any, tmp_path: Path) -> None:
         f"{N:,} otelgpu.step() on a simulated 2-GPU node, recording exporter; RSS and mean "
         "per-call cost per tenth of the run",
     )
-    run = run_host(
-        {
-            "sim": SMALL_SCENARIO,
-            "instrument": _recording(tmp_path),
-            "steps": N,
-            "work_us": 0,
-            "rss_every": N // 10,
-        },
-        timeout=3600,
-    )
-    ok, figure = _flat(run)
-    p.result(ok and run.returncode == 0 and not run.traceback, figure)
+    _check_flat(p, {"sim": SMALL_SCENARIO, "instrument": _recording(tmp_path)})
 
 
 def test_many_requests_flat(probe: Any, tmp_path: Path) -> None:
@@ -76,19 +73,7 @@ def test_many_requests_flat(probe: Any, tmp_path: Path) -> None:
         f"{N:,} otelgpu.request() over 4 models, recording exporter; RSS and mean per-call "
         "cost per tenth of the run",
     )
-    run = run_host(
-        {
-            "instrument": _recording(tmp_path, gpu=False),
-            "mode": "request",
-            "models": 4,
-            "steps": N,
-            "work_us": 0,
-            "rss_every": N // 10,
-        },
-        timeout=3600,
-    )
-    ok, figure = _flat(run)
-    p.result(ok and run.returncode == 0 and not run.traceback, figure)
+    _check_flat(p, {"instrument": _recording(tmp_path, gpu=False), "mode": "request", "models": 4})
 
 
 def _series(path: Path) -> dict[str, tuple[int, bool]]:

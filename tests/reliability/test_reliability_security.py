@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.otel import PYTHON, free_port, python_env
+from fixtures.otel import PYTHON, python_env
 from fixtures.otlp_receiver import OtlpReceiver
+from fixtures.processes import free_port
 
 import otelgpu
 from otelgpu.errors import ConfigurationError
@@ -35,14 +36,15 @@ def test_pull_endpoint_binds_loopback(probe: Any) -> None:
     port = free_port()
     handle = otelgpu.instrument(exporters="prometheus", prometheus_port=port, gpu=False)
     try:
-        address = handle.runtime.pipeline.prometheus_address if handle.runtime else None
+        pipeline = handle.runtime.pipeline if handle.runtime else None
+        address = pipeline.prometheus_address if pipeline else None
         sock = (
             getattr(
-                getattr(handle.runtime.pipeline.prometheus_server, "socket", None),
+                getattr(pipeline.prometheus_server, "socket", None),
                 "getsockname",
                 lambda: None,
             )()
-            if handle.runtime
+            if pipeline
             else None
         )
     finally:

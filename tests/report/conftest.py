@@ -15,30 +15,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.otel import python_env
+from fixtures.otel import make_run, python_env
 from report_support import HERE
-
-
-def _make_run(out: Path, *args: str) -> Path:
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "make_run.py"), str(out), *args],
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    (path,) = out.glob("*.otlp.jsonl")
-    return path
 
 
 @pytest.fixture(scope="session")
 def synthetic_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("runs")
     return {
-        "healthy_a": _make_run(base / "a", "--seed", "1"),
-        "healthy_b": _make_run(base / "b", "--seed", "2"),
-        "regressed": _make_run(
+        "healthy_a": make_run(base / "a", "--seed", "1"),
+        "healthy_b": make_run(base / "b", "--seed", "2"),
+        "regressed": make_run(
             base / "c", "--seed", "3", "--slow-steps", "1.3", "--slow-ttft", "1.5"
         ),
     }

@@ -158,7 +158,7 @@ def test_live_view_redraws_in_a_real_terminal(tmp_path: Path) -> None:
     )
     _tmux(server, "new-session", "-d", "-x", "150", "-y", "50", "sh", str(script))
     try:
-        screens = []
+        screens: list[str] = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(screens) < 4:
             time.sleep(0.8)

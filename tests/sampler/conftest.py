@@ -48,7 +48,9 @@ def make_sampler(
 
 
 def _scenario(**gpus: Any) -> dict[str, Any]:
-    extra = {k: gpus.pop(k) for k in ("event", "driver", "gpu", "process") if k in gpus}
+    extra: dict[str, Any] = {
+        k: gpus.pop(k) for k in ("event", "driver", "gpu", "process") if k in gpus
+    }
     base = {**SMALL_SCENARIO, "gpus": {**SMALL_SCENARIO["gpus"], **gpus}}
     return {**base, **extra}
 

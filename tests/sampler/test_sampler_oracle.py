@@ -165,7 +165,11 @@ def test_concurrent_readers_see_consistent_rings(
     assert sampler.stop()
     assert errors == []
     stats = sampler.stats()
-    retained = sum(sampler.window(u, 0, 2**62).samples for u in uuids)  # type: ignore[union-attr]
+    retained = 0
+    for u in uuids:
+        window = sampler.window(u, 0, 2**62)
+        assert window is not None
+        retained += window.samples
     assert stats.samples == retained + stats.overwritten
     assert stats.overwritten > 0
 

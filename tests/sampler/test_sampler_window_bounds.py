@@ -59,7 +59,8 @@ def test_sampler_window_beyond_int64_is_clamped_not_raised(
     by_numpy = sampler.window(uuid, np.int64(a), np.int64(b))  # type: ignore[arg-type]
     assert by_numpy == sampler.window(uuid, a, b)
     fa, fb = float(a), float(b) + 0.5
-    assert sampler.window(uuid, np.float64(fa), fb) == sampler.window(uuid, int(fa), int(fb))
+    by_float = sampler.window(uuid, np.float64(fa), fb)  # type: ignore[arg-type]
+    assert by_float == sampler.window(uuid, int(fa), int(fb))
 
 
 def test_sampler_window_over_the_whole_int64_range_has_positive_energy(

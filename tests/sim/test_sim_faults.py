@@ -261,7 +261,7 @@ def test_thermal_slowdown_when_temperature_crosses_threshold(
     crossing = -hot["thermal_tau_s"] * math.log((target - slowdown) / (target - t0))
 
     def temp(t: float) -> float:
-        return target + (t0 - target) * math.exp(-t / hot["thermal_tau_s"])
+        return float(target + (t0 - target) * math.exp(-t / hot["thermal_tau_s"]))
 
     gpu.set_time(crossing / 2)
     assert n.nvmlDeviceGetTemperature(h, 0) == round(temp(crossing / 2))
@@ -396,7 +396,14 @@ def test_slow_calls(sim_scenario: Activate, init: Any) -> None:
     assert 0.020 <= fast < 0.120
     # the latency is slept outside the library lock: slow calls do not serialise
     threads = [threading.Thread(target=lambda: n.nvmlDeviceGetPowerUsage(h0)) for _ in range(4)]
-    elapsed = _timed(lambda: ([t.start() for t in threads], [t.join() for t in threads]))
+
+    def start_and_join() -> None:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    elapsed = _timed(start_and_join)
     assert elapsed < 4 * 0.120
     gpu.set_time(15)
     assert _timed(lambda: n.nvmlDeviceGetPowerUsage(h0)) < 0.100

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,12 +46,13 @@ def test_sim_hostile_scenario_names_the_key(case: str, tmp_path: Path) -> None:
     path.write_bytes(data)
     with pytest.raises(sim.ScenarioError) as err:
         sim.load_scenario(path)
-    assert isinstance(err.value, ConfigurationError) and isinstance(err.value, ValueError)
+    assert isinstance(err.value, ConfigurationError)
+    assert isinstance(err.value, ValueError)
     assert str(path) in str(err.value) and key in err.value.setting, str(err.value)
 
 
 def test_sim_hostile_dict_nesting() -> None:
-    nested: dict = {}
+    nested: dict[str, Any] = {}
     cursor = nested
     for _ in range(10_000):
         cursor["x"] = {}

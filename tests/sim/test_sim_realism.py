@@ -24,7 +24,9 @@ Activate = Callable[..., sim.SimGpu]
 H100 = MODELS["H100-SXM"]
 
 
-def _scenario(util: float = 100, count: int = 1, model: str = "H100-SXM", **gpu0: Any) -> dict:
+def _scenario(
+    util: float = 100, count: int = 1, model: str = "H100-SXM", **gpu0: Any
+) -> dict[str, Any]:
     scenario: dict[str, Any] = {
         "version": 1,
         "name": "realism",
@@ -42,7 +44,7 @@ def nvml() -> Iterator[None]:
 
 
 def _dynamic(util: float) -> float:
-    return (H100["max_power_w"] - H100["idle_power_w"]) * util / 100
+    return float((H100["max_power_w"] - H100["idle_power_w"]) * util / 100)
 
 
 @pytest.mark.usefixtures("nvml")

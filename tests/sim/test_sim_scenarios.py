@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pynvml as n
 import pytest
@@ -19,7 +20,7 @@ from otelgpu.sim.scenario import builtin_dir
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 Activate = Callable[..., sim.SimGpu]
 
@@ -344,7 +345,7 @@ _period = st.integers(min_value=1, max_value=60)
 
 
 @st.composite
-def _patterns(draw: st.DrawFn) -> dict[str, float]:
+def _patterns(draw: st.DrawFn) -> dict[str, Any]:
     kind = draw(st.sampled_from(["constant", "square", "ramp", "bursts", "steps"]))
     if kind == "constant":
         return {"kind": kind, "value": draw(_pct)}
@@ -382,21 +383,21 @@ def _patterns(draw: st.DrawFn) -> dict[str, float]:
     return {"kind": kind, "points": [[t, draw(_pct)] for t in times]}
 
 
-def _expected(p: dict[str, float], t: float) -> float:
+def _expected(p: dict[str, Any], t: float) -> float:
     """docs/simulator.md, "Patterns"."""
     if p["kind"] == "constant":
-        return p["value"]
+        return float(p["value"])
     if p["kind"] == "square":
-        return p["low"] if (t - p["offset_s"]) % p["period_s"] < p["low_s"] else p["high"]
+        return float(p["low"] if (t - p["offset_s"]) % p["period_s"] < p["low_s"] else p["high"])
     if p["kind"] == "ramp":
         if t < p["start_s"]:
-            return p["from"]
+            return float(p["from"])
         if t >= p["start_s"] + p["duration_s"]:
-            return p["to"]
-        return p["from"] + (p["to"] - p["from"]) * (t - p["start_s"]) / p["duration_s"]
+            return float(p["to"])
+        return float(p["from"] + (p["to"] - p["from"]) * (t - p["start_s"]) / p["duration_s"])
     if p["kind"] == "bursts":
         return _bursts(p, t)
-    value = p["points"][0][1]
+    value: float = p["points"][0][1]
     for pt, pv in p["points"]:
         if pt <= t:
             value = pv

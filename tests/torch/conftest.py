@@ -9,11 +9,11 @@ import pytest
 from fixtures.otel import reset_otel_globals
 from fixtures.otlp_receiver import otlp_receiver
 from fixtures.sim import sim_gpu, sim_scenario
-from torch_helpers import Recorder, RuntimeHarness
+from fixtures.torch_runtime import Recorder, harness
 
 from otelgpu.instrumentation.torch._session import Session
 
-__all__ = ["otlp_receiver", "reset_otel_globals", "sim_gpu", "sim_scenario"]
+__all__ = ["harness", "otlp_receiver", "reset_otel_globals", "sim_gpu", "sim_scenario"]
 
 
 @pytest.fixture
@@ -31,13 +31,3 @@ def hooks(recorder: Recorder) -> Iterator[Session]:
     finally:
         session.stop()
     assert recorder.errors == [], recorder.errors
-
-
-@pytest.fixture
-def harness() -> Iterator[RuntimeHarness]:
-    """A Runtime (no GPU) on in-memory providers; TorchInstrumentor off afterwards."""
-    h = RuntimeHarness()
-    try:
-        yield h
-    finally:
-        h.close()

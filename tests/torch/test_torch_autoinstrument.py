@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch  # noqa: F401  (must be importable: fail, never skip)
-from fixtures.otel import PYTHON, python_env
+from fixtures.otel import PYTHON, zero_code_env
 from fixtures.otlp_receiver import OtlpReceiver, attributes
 
 from otelgpu.instrumentation.torch import _names as N
@@ -54,15 +54,9 @@ def test_zero_code_unmodified_script(
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = python_env(
-        OTEL_SERVICE_NAME="train-zero-code",
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_EXPORTER_OTLP_ENDPOINT=otlp_receiver.grpc_endpoint,
-        OTEL_EXPORTER_OTLP_INSECURE="true",
-        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="otelgpu_vllm",
-        OTELGPU_GPU="false",
+    env = zero_code_env(
+        otlp_receiver,
+        "train-zero-code",
         # Longer than the job: only the final collection at exit exports metrics.
         OTEL_METRIC_EXPORT_INTERVAL="600000",
     )

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
 import torch.distributed as dist
+from fixtures.otel import attributes_of
+from fixtures.torch_runtime import Recorder, RuntimeHarness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed import distributed_c10d as c10d
-from torch_helpers import Recorder, RuntimeHarness
 
 import otelgpu.instrumentation.torch as torch_inst
 from otelgpu.instrumentation.torch import TorchInstrumentor, _telemetry, flush
@@ -396,7 +397,7 @@ def test_end_to_end_step_spans_get_gpu_comm_and_step_time(
     flush()
     spans = harness.step_spans()
     assert len(spans) == 4
-    attrs = [dict(s.attributes) for s in spans]
+    attrs = [attributes_of(s) for s in spans]
     assert [a[N.SPAN_COMM_GPU] for a in attrs] == pytest.approx([c / 1e3 for c in comm])
     # GPU step k = work enqueued between the ends of steps k-1 and k; step 1 has no start.
     assert N.SPAN_STEP_GPU not in attrs[0]
@@ -416,7 +417,8 @@ def test_end_to_end_step_spans_get_gpu_comm_and_step_time(
 
 def test_full_queue_drops_are_counted(fake_cuda: FakeGpu, harness: RuntimeHarness) -> None:
     inst = harness.instrument()
-    timer = inst.telemetry.gpu_timer  # type: ignore[attr-defined]
+    assert inst.telemetry is not None and inst.telemetry.gpu_timer is not None
+    timer = inst.telemetry.gpu_timer
     timer.limit = 3
     # Two collectives per step; the GPU never catches up during the loop.
     fake_cuda.comm_ms += [1.0] * 6  # type: ignore[attr-defined]
@@ -430,7 +432,7 @@ def test_full_queue_drops_are_counted(fake_cuda: FakeGpu, harness: RuntimeHarnes
     fake_cuda.advance()  # now it has: 3 pairs resolve, the rest were dropped
     flush()
     assert harness.runtime.stats.dropped()[("torch_cuda_events", "queue_full")] == 3
-    attrs = [dict(s.attributes) for s in harness.step_spans()]
+    attrs = [attributes_of(s) for s in harness.step_spans()]
     assert attrs[0][N.SPAN_COMM_GPU] == pytest.approx(0.002)
     # Step 2 has one pair resolved and one dropped: incomplete, so left out.
     assert [N.SPAN_COMM_GPU in a for a in attrs] == [True, False, False]
@@ -446,7 +448,7 @@ def test_unresolved_step_gets_no_attribute_but_the_metric_gets_it_later(
     _loop(fake_cuda, [10.0, 10.0, 10.0], [1.0, 2.0, 4.0], asynchronous=True)
     fake_cuda.advance(10.0 + 1.0 + 10.0 + 2.0)  # steps 1-2 done on the GPU, step 3 not
     flush()
-    attrs = [dict(s.attributes) for s in harness.step_spans()]
+    attrs = [attributes_of(s) for s in harness.step_spans()]
     assert [a.get(N.SPAN_COMM_GPU) for a in attrs] == pytest.approx([0.001, 0.002, None])
     assert harness.sketch(C.COMM_GPU.name).series()[0][1].count == 2
     fake_cuda.advance()
@@ -465,7 +467,7 @@ def test_cuda_sync_opt_in_resolves_every_step(
     harness.instrument()
     _loop(fake_cuda, [10.0, 10.0], [3.0, 6.0], asynchronous=False)
     flush()  # the GPU never advanced: only the opted-in synchronize completed the events
-    attrs = [dict(s.attributes) for s in harness.step_spans()]
+    attrs = [attributes_of(s) for s in harness.step_spans()]
     assert [a[N.SPAN_COMM_GPU] for a in attrs] == pytest.approx([0.003, 0.006])
     assert fake_cuda.syncs == 2
 
@@ -476,7 +478,7 @@ def test_cuda_events_off(fake_cuda: FakeGpu, harness: RuntimeHarness) -> None:
     fake_cuda.advance()
     flush()
     assert len(harness.step_spans()) == 2
-    assert all(N.SPAN_COMM_GPU not in s.attributes for s in harness.step_spans())
+    assert all(N.SPAN_COMM_GPU not in attributes_of(s) for s in harness.step_spans())
     assert fake_cuda.created == 0  # and GPU step time is off by default: no boundary events
 
 
@@ -512,9 +514,9 @@ def test_gloo_cpu_collectives_touch_no_cuda_api(
         dist.destroy_process_group()
     spans = harness.step_spans()
     assert len(spans) == 3
-    assert all(s.attributes[N.SPAN_COMM_WAIT] > 0 for s in spans)  # host timing still on
-    assert all(N.SPAN_COMM_GPU not in s.attributes for s in spans)
-    assert all(N.SPAN_STEP_GPU not in s.attributes for s in spans)  # CUDA never initialised
+    assert all(attributes_of(s)[N.SPAN_COMM_WAIT] > 0 for s in spans)  # host timing still on
+    assert all(N.SPAN_COMM_GPU not in attributes_of(s) for s in spans)
+    assert all(N.SPAN_STEP_GPU not in attributes_of(s) for s in spans)  # CUDA never initialised
     assert next(created) == 0
     assert harness.sketch(C.COMM_GPU.name).series() == []
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import Recorder
+from fixtures.torch_runtime import Recorder
 
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._session import Session
@@ -18,7 +18,7 @@ SLOW_INDEX = 20  # item of batch 5 (0-based), batch size 4
 SLOW_S = 0.4
 
 
-class SlowDataset(torch.utils.data.Dataset):  # type: ignore[misc]
+class SlowDataset(torch.utils.data.Dataset[tuple[Any, Any]]):
     """32 items; item SLOW_INDEX sleeps. In a worker it also exercises our hooks."""
 
     def __init__(self, probe: bool) -> None:
@@ -121,7 +121,11 @@ def test_slow_batch_single_process_loader(hooks: Session, recorder: Recorder) ->
 
 def test_dict_batches_give_samples_and_tokens(hooks: Session, recorder: Recorder) -> None:
     items = [{"input_ids": torch.arange(16), "labels": torch.tensor(1)} for _ in range(12)]
-    loader = torch.utils.data.DataLoader(items, batch_size=3)
+    # DataLoader takes any map-style sequence; torch annotates the argument as Dataset.
+    loader: torch.utils.data.DataLoader[dict[str, torch.Tensor]] = torch.utils.data.DataLoader(
+        items,  # type: ignore[arg-type]
+        batch_size=3,
+    )
     model = torch.nn.Embedding(32, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for batch in loader:

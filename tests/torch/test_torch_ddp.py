@@ -6,16 +6,14 @@ training process that asks for them."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch  # noqa: F401  (must be importable: fail, never skip)
+from fixtures.processes import free_port, run_ranks
 
 STEPS = 6
 SYNC_DELAY_S = 0.12  # rank 1 arrives late at a blocking all_reduce
@@ -27,8 +25,8 @@ WORKER = textwrap.dedent(
     import torch, torch.distributed as dist
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, {str(Path(__file__).parent)!r})
-    from torch_helpers import RuntimeHarness
+    sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+    from fixtures.torch_runtime import RuntimeHarness
     from otelgpu.instrumentation.torch import TorchInstrumentor, flush
     from otelgpu.instrumentation.torch import _names as N
     from otelgpu.metrics import catalog as C
@@ -84,35 +82,13 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run(tmp_path: Path, attempt: int) -> dict[int, dict[str, object]] | str:
+def _run(tmp_path: Path, attempt: int) -> dict[int, dict[str, Any]] | str:
     out = tmp_path / f"attempt{attempt}"
     out.mkdir()
     script = tmp_path / "ddp_worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(script), str(_free_port()), str(out)],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        return f"timeout: {exc.stderr!r}"
-    results = {}
-    for rank in (0, 1):
-        path = out / f"rank{rank}.json"
-        if not path.exists():
-            return f"rc={proc.returncode} stderr={proc.stderr[-3000:]}"
-        results[rank] = json.loads(path.read_text())
-    return results
+    argv = [sys.executable, str(script), str(free_port()), str(out)]
+    return run_ranks(argv, out, ranks=2, timeout=90)
 
 
 @pytest.mark.slow
@@ -131,10 +107,10 @@ def test_slow_rank_shows_as_comm_wait_on_the_other(tmp_path: Path) -> None:
     assert fast_ops["all_reduce"][1] >= STEPS * SYNC_DELAY_S * 0.8
     assert fast_ops["wait"][0] == STEPS
     assert fast_ops["wait"][1] >= STEPS * ASYNC_DELAY_S * 0.6
-    fast_total = sum(fast["comm_wait_s"])  # type: ignore[arg-type]
-    slow_total = sum(slow["comm_wait_s"])  # type: ignore[arg-type]
+    fast_total = sum(fast["comm_wait_s"])
+    slow_total = sum(slow["comm_wait_s"])
     assert fast_total >= STEPS * (SYNC_DELAY_S + ASYNC_DELAY_S) * 0.7
     assert slow_total < fast_total / 3
-    assert fast["comm_ratio"] and fast["comm_ratio"][0] > slow["comm_ratio"][0]  # type: ignore[index]
+    assert fast["comm_ratio"] and fast["comm_ratio"][0] > slow["comm_ratio"][0]
     # DDP's own gradient all-reduce timing (C++ Reducer, invisible to the wrappers).
-    assert fast["ddp_comm"] and fast["ddp_comm"][0] > 0  # type: ignore[index]
+    assert fast["ddp_comm"] and fast["ddp_comm"][0] > 0

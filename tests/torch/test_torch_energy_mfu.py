@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import RuntimeHarness, sampler_over
+from fixtures.otel import attributes_of, span_seconds, span_times
+from fixtures.torch_runtime import RuntimeHarness, sampler_over
 
 from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 
@@ -41,35 +42,34 @@ def test_energy_per_step_is_the_samplers_window_over_steps(node: Any) -> None:
             time.sleep(0.12)  # above the energy counter's 100 ms refresh
             opt.step()
         flush()
-        spans = sorted(harness.step_spans(), key=lambda s: s.start_time)
+        spans = sorted(harness.step_spans(), key=span_times)
         assert len(spans) >= STEPS - 1
         (uuid,) = [d.uuid for d in node.devices]
-        first, last = spans[0].start_time, spans[-1].end_time
+        first, last = span_times(spans[0])[0], span_times(spans[-1])[1]
         window = node.windows(first, last)[uuid]
         assert window.energy_source == "counter"  # never power x time when the counter exists
-        energies = [dict(s.attributes)["otelgpu.gpu.energy"] for s in spans]
+        energies = [attributes_of(s)["otelgpu.gpu.energy"] for s in spans]
         # Each step's energy is exactly the sampler's energy window of that step ...
         for span, joules in zip(spans, energies, strict=True):
-            step_window = node.windows(span.start_time, span.end_time)[uuid]
+            step_window = node.windows(*span_times(span))[uuid]
             assert step_window.energy_source == "counter"
             assert joules == pytest.approx(step_window.energy_j, rel=1e-12)
         # ... and, the steps being contiguous, energy per step is the loop's energy window
         # over the steps. The sampler scales a counter delta to its window (the counter
         # refreshes every ~100 ms), so the two agree to the simulated power's jitter.
-        assert [b.start_time - a.end_time for a, b in itertools.pairwise(spans)] == [0] * (
-            len(spans) - 1
-        )
+        gaps = [span_times(b)[0] - span_times(a)[1] for a, b in itertools.pairwise(spans)]
+        assert gaps == [0] * (len(spans) - 1)
         assert sum(energies) / len(spans) == pytest.approx(window.energy_j / len(spans), rel=0.01)
         for span in spans:
-            attrs = dict(span.attributes)
+            attrs = attributes_of(span)
             assert attrs["otelgpu.gpu.energy.source"] == "counter"
-            duration_s = (span.end_time - span.start_time) / 1e9
+            duration_s = span_seconds(span)
             assert attrs["otelgpu.train.flops"] == FLOPS
             assert attrs["otelgpu.train.mfu"] == pytest.approx(FLOPS / (duration_s * 989e12))
-        energy = harness.sketch("otelgpu.train.step.energy").merged()  # type: ignore[attr-defined]
+        energy = harness.sketch("otelgpu.train.step.energy").merged()
         assert energy.count == len(spans)
         assert energy.sum == pytest.approx(sum(energies), rel=1e-9)
-        mfu = harness.sketch("otelgpu.train.mfu").merged()  # type: ignore[attr-defined]
+        mfu = harness.sketch("otelgpu.train.mfu").merged()
         assert mfu.count == len(spans)
     finally:
         TorchInstrumentor().uninstrument()

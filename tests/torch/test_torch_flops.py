@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import RuntimeHarness, sampler_over
+from fixtures.otel import attributes_of, span_seconds, span_times
+from fixtures.torch_runtime import RuntimeHarness, sampler_over
 
 from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 from otelgpu.instrumentation.torch._flops import FlopsCounter
@@ -37,7 +38,8 @@ class Model(torch.nn.Module):
         )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.layers(self.embed(ids))
+        out: torch.Tensor = self.layers(self.embed(ids))
+        return out
 
 
 def analytic_flops(seq: int) -> int:
@@ -77,11 +79,10 @@ def run(node: Any) -> Iterator[RuntimeHarness]:
 
 def _spans(harness: RuntimeHarness) -> list[dict[str, Any]]:
     flush()
-    spans = sorted(harness.step_spans(), key=lambda s: s.start_time)  # type: ignore[attr-defined]
     out = []
-    for span in spans:
-        attrs = dict(span.attributes)
-        attrs["duration_s"] = (span.end_time - span.start_time) / 1e9
+    for span in sorted(harness.step_spans(), key=span_times):
+        attrs: dict[str, Any] = dict(attributes_of(span))
+        attrs["duration_s"] = span_seconds(span)
         out.append(attrs)
     return out
 
@@ -213,6 +214,7 @@ def test_compiled_code_is_not_counted(
     caplog.set_level(logging.INFO, logger="otelgpu.torch")
     run.instrument()
     model = torch.compile(Model(), backend="eager")  # Dynamo frames, no C++ compiler
+    assert isinstance(model, torch.nn.Module)  # an OptimizedModule wrapping Model
     train(model, STEPS, seq=8)
     spans = _spans(run)
     assert spans

@@ -9,13 +9,15 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import accelerate  # noqa: F401  (the HF Trainer needs it)
-import deepspeed
+# accelerate and deepspeed ship no py.typed (the HF Trainer needs accelerate)
+import accelerate  # type: ignore[import-untyped]  # noqa: F401
+import deepspeed  # type: ignore[import-untyped]
 import pytest
 import pytorch_lightning as pl
 import torch
 import transformers
-from torch_helpers import RuntimeHarness
+from fixtures.otel import attributes_of, span_times
+from fixtures.torch_runtime import RuntimeHarness
 
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch import flush
@@ -47,7 +49,7 @@ class _TokenRegressor(torch.nn.Module):  # type: ignore[misc]
         return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
 
-class _TokenData(torch.utils.data.Dataset):  # type: ignore[misc]
+class _TokenData(torch.utils.data.Dataset[dict[str, Any]]):
     """200 rows of 6 tokens: far more than ``max_steps`` consumes (a mid-epoch stop)."""
 
     def __len__(self) -> int:
@@ -80,7 +82,7 @@ def test_hf_trainer_max_steps_mid_epoch(harness: RuntimeHarness, tmp_path: Path)
     spans = harness.step_spans()
     # HF's "update step" is ours: 10 steps of 2 micro-batches of 4 samples x 6 tokens.
     assert len(spans) == trainer.state.global_step == 10
-    attrs = [dict(s.attributes) for s in spans]
+    attrs = [attributes_of(s) for s in spans]
     assert [a[N.SPAN_MICRO_BATCHES] for a in attrs] == [2] * 10
     assert [a["otelgpu.train.samples"] for a in attrs] == [8] * 10
     assert [a["otelgpu.train.tokens"] for a in attrs] == [48] * 10
@@ -100,14 +102,15 @@ def test_hf_trainer_max_steps_mid_epoch(harness: RuntimeHarness, tmp_path: Path)
     # attached to the last step, whose end moves past it.
     with_ckpt = [i + 1 for i, a in enumerate(attrs) if N.SPAN_CHECKPOINT in a]
     assert with_ckpt == [6, 10]
-    assert spans[-1].end_time >= spans[-1].start_time + int(attrs[-1][N.SPAN_CHECKPOINT] * 1e9)
+    start, end = span_times(spans[-1])
+    assert end >= start + int(attrs[-1][N.SPAN_CHECKPOINT] * 1e9)
     assert harness.runtime.stats.errors() == {}
 
 
 # --------------------------------------------------------------------------- Lightning
 
 
-def _lightning_data(rows: int = 64) -> torch.utils.data.DataLoader:
+def _lightning_data(rows: int = 64) -> torch.utils.data.DataLoader[tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(rows, 4), torch.randn(rows, 1))
     return torch.utils.data.DataLoader(data, batch_size=4)
@@ -137,7 +140,9 @@ class _Gan(pl.LightningModule):  # type: ignore[misc]
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         x, _ = batch
-        opt_d, opt_g = self.optimizers()
+        optimizers = self.optimizers()
+        assert isinstance(optimizers, list)  # one LightningOptimizer each, in order
+        opt_d, opt_g = optimizers
         d_loss = self.disc(self.gen(x).detach()).mean() - self.disc(x).mean()
         opt_d.zero_grad()
         self.manual_backward(d_loss)
@@ -179,7 +184,7 @@ def test_lightning_max_steps_final_checkpoint_on_last_step(
     flush()
     spans = harness.step_spans()
     assert len(spans) == trainer.global_step == 8
-    attrs = [dict(s.attributes) for s in spans]
+    attrs = [attributes_of(s) for s in spans]
     assert [(a[N.SPAN_MICRO_BATCHES], a["otelgpu.train.samples"]) for a in attrs] == [(1, 4)] * 8
     assert _checkpoints(harness) == {"lightning": 1}
     (saved,) = (tmp_path / "checkpoints").iterdir()
@@ -199,7 +204,7 @@ def test_lightning_gan_one_step_per_batch(harness: RuntimeHarness, tmp_path: Pat
     trainer = _trainer(tmp_path, max_steps=40, enable_checkpointing=False)
     trainer.fit(_Gan(), _lightning_data(rows=80))
     flush()
-    attrs = [dict(s.attributes) for s in harness.step_spans()]
+    attrs = [attributes_of(s) for s in harness.step_spans()]
     assert trainer.global_step == 40
     assert len(attrs) == 20
     assert {(a[N.SPAN_MICRO_BATCHES], a[N.SPAN_OPTIMIZER_STEPS]) for a in attrs} == {(2, 2)}
@@ -254,7 +259,7 @@ def test_deepspeed_zero3_engine_step_defines_steps(
             engine.backward(engine(torch.randn(4, 8)).sum())
             engine.step()
         flush()
-        attrs = [dict(s.attributes) for s in harness.step_spans()]
+        attrs = [attributes_of(s) for s in harness.step_spans()]
         assert len(attrs) == engine.global_steps == 4
         assert {(a[N.SPAN_MICRO_BATCHES], a[N.SPAN_STEP_RULE]) for a in attrs} == {(2, "engine")}
         # ZeRO-3 stepped its inner optimizer once per sub-group (161 parameters, groups
@@ -294,7 +299,7 @@ def test_compiled_train_step_counts_optimizer_steps(harness: RuntimeHarness) -> 
     for _ in range(80):
         train_step(torch.randn(4, 8), torch.randn(4, 1))
     flush()
-    attrs = [dict(s.attributes) for s in harness.step_spans()]
+    attrs = [attributes_of(s) for s in harness.step_spans()]
     assert len(attrs) == 80
     assert {
         (a[N.SPAN_MICRO_BATCHES], a[N.SPAN_OPTIMIZER_STEPS], a[N.SPAN_STEP_RULE]) for a in attrs

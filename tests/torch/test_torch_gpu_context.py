@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import RuntimeHarness
+from fixtures.otel import attributes_of
+from fixtures.torch_runtime import RuntimeHarness
 
 from otelgpu._settings import resolve
 from otelgpu.errors import ConfigurationError
@@ -48,7 +49,7 @@ def _train(sampler: Any, **settings: object) -> list[dict[str, Any]]:
             time.sleep(0.08)  # a step long enough for several samples
             opt.step()
         flush()
-        return [dict(s.attributes) for s in harness.step_spans()]
+        return [attributes_of(s) for s in harness.step_spans()]
     finally:
         TorchInstrumentor().uninstrument()
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import RuntimeHarness
+from fixtures.otel import attributes_of, span_seconds
+from fixtures.torch_runtime import RuntimeHarness
 
 from otelgpu.errors import ConfigurationError
 from otelgpu.instrumentation.torch import TorchInstrumentor, flush, record_batch
@@ -55,8 +56,8 @@ def _patched_surface() -> dict[str, Any]:
         "DataLoader.__iter__": vars(dl.DataLoader).get("__iter__"),
         "Work.wait": vars(c10d.Work).get("wait"),
         "DDP.__init__": vars(torch.nn.parallel.DistributedDataParallel).get("__init__"),
-        "dcp.save": dcp.save,
-        "dcp.async_save": dcp.async_save,
+        "dcp.save": dcp.save,  # type: ignore[attr-defined]  # re-exported by torch without __all__
+        "dcp.async_save": dcp.async_save,  # type: ignore[attr-defined]
         "saver.save": dcp.state_dict_saver.save,
         "pre_hooks": len(optmod._global_optimizer_pre_hooks),
         "post_hooks": len(optmod._global_optimizer_post_hooks),
@@ -99,14 +100,14 @@ def test_step_spans_and_metrics_on_the_runtime(harness: RuntimeHarness) -> None:
     flush()  # the last step ends for good only when the next begins, or now
     spans = harness.step_spans()
     assert len(spans) == 6
-    attrs = [dict(s.attributes) for s in spans]
+    attrs = [attributes_of(s) for s in spans]
     assert [a["otelgpu.train.step"] for a in attrs] == [1, 2, 3, 4, 5, 6]
     for span, a in zip(spans, attrs, strict=True):
         assert a[N.SPAN_MICRO_BATCHES] == 1
         assert a[N.SPAN_OPTIMIZER_STEPS] == 1
         assert a[N.SPAN_SKIPPED] is False
         assert a["otelgpu.train.samples"] == 8
-        duration_s = (span.end_time - span.start_time) / 1e9
+        duration_s = span_seconds(span)
         assert duration_s >= 0.002
         parts = a[N.SPAN_DATA_WAIT] + a[N.SPAN_COMM_WAIT] + a[N.SPAN_COMPUTE]
         assert parts == pytest.approx(duration_s, rel=1e-6, abs=1e-9)
@@ -120,7 +121,7 @@ def test_step_spans_and_metrics_on_the_runtime(harness: RuntimeHarness) -> None:
     assert metrics[C.MICRO_BATCHES.name] == [({}, 6)]
     data_ratio = metrics[C.DATA_WAIT_RATIO.name][0][1]
     total_wait = sum(a[N.SPAN_DATA_WAIT] for a in attrs)
-    total = sum((s.end_time - s.start_time) / 1e9 for s in spans)
+    total = sum(span_seconds(s) for s in spans)
     assert data_ratio == pytest.approx(total_wait / total, rel=1e-6)
     assert metrics[C.COMM_WAIT_RATIO.name][0][1] == 0.0
     assert metrics[C.STEP_JITTER.name][0][1] >= 1.0
@@ -136,7 +137,7 @@ def test_span_every_n_steps_keeps_metrics_for_all(harness: RuntimeHarness) -> No
     harness.instrument(span_every=4)
     _train(10)
     TorchInstrumentor().uninstrument()
-    assert [dict(s.attributes)["otelgpu.train.step"] for s in harness.step_spans()] == [1, 5, 9]
+    assert [attributes_of(s)["otelgpu.train.step"] for s in harness.step_spans()] == [1, 5, 9]
     assert harness.metrics()["otelgpu.train.steps"][0][1] == 10
 
 
@@ -150,7 +151,7 @@ def test_record_batch_overrides_inferred_sizes(harness: RuntimeHarness) -> None:
         opt.step()
     TorchInstrumentor().uninstrument()
     got = [
-        (dict(s.attributes)["otelgpu.train.samples"], dict(s.attributes)["otelgpu.train.tokens"])
+        (attributes_of(s)["otelgpu.train.samples"], attributes_of(s)["otelgpu.train.tokens"])
         for s in harness.step_spans()
     ]
     assert got == [(2, 1024)] * 3
@@ -160,7 +161,8 @@ def test_hook_failures_never_reach_the_training_loop(
     harness: RuntimeHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inst = harness.instrument()
-    session = inst.session  # type: ignore[attr-defined]
+    session = inst.session
+    assert session is not None
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("bug in otelgpu")
@@ -187,7 +189,7 @@ def test_user_exceptions_propagate_untouched(harness: RuntimeHarness) -> None:
     opt.step()
     TorchInstrumentor().uninstrument()
     (span,) = harness.step_spans()
-    assert dict(span.attributes)[N.SPAN_MICRO_BATCHES] == 3
+    assert attributes_of(span)[N.SPAN_MICRO_BATCHES] == 3
 
 
 def test_bad_configuration_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +226,7 @@ def test_checkpoint_measured_once_per_save(harness: RuntimeHarness, tmp_path: Pa
     path = tmp_path / "ckpt.pt"
     torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, path)
     torch.save(torch.ones(3), tmp_path / "tensor.pt")  # a tensor is not a checkpoint
-    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "dcp"))
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "dcp"))  # type: ignore[attr-defined]  # re-exported by torch without __all__
     TorchInstrumentor().uninstrument()
     durations = harness.sketch(C.CHECKPOINT_DURATION.name).series()
     by_kind = {a[N.ATTR_CHECKPOINT_KIND]: s.count for a, s in durations}
@@ -238,7 +240,7 @@ def test_checkpoint_measured_once_per_save(harness: RuntimeHarness, tmp_path: Pa
     assert sizes["dcp.save"] == pytest.approx(dcp_bytes, rel=0.01)
     # The save happened after step 2's optimizer step: it is part of the flushed step.
     spans = harness.step_spans()
-    assert N.SPAN_CHECKPOINT not in dict(spans[0].attributes)
+    assert N.SPAN_CHECKPOINT not in attributes_of(spans[0])
 
 
 def test_dcp_async_save_blocking_and_upload_measured_apart(
@@ -248,7 +250,8 @@ def test_dcp_async_save_blocking_and_upload_measured_apart(
 
     harness.instrument()
     model = torch.nn.Linear(64, 64)
-    future = dcp.async_save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "a"))
+    save = dcp.async_save  # type: ignore[attr-defined]  # re-exported by torch without __all__
+    future = save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "a"))
     result = future.result(timeout=30) if hasattr(future, "result") else None
     assert result is not None or hasattr(future, "upload_completion")
     TorchInstrumentor().uninstrument()

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import RuntimeHarness
+from fixtures.otel import attributes_of
+from fixtures.torch_runtime import RuntimeHarness
 
 from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 from otelgpu.instrumentation.torch import _names as N
@@ -108,8 +109,8 @@ def test_reader_deltas_and_no_read_before_cuda_init() -> None:
 def test_oom_becomes_span_event_and_counter(harness: RuntimeHarness) -> None:
     fake = FakeAllocator()
     inst = harness.instrument()
-    telemetry = inst.telemetry  # type: ignore[attr-defined]
-    session = inst.session  # type: ignore[attr-defined]
+    telemetry, session = inst.telemetry, inst.session
+    assert telemetry is not None and session is not None
     telemetry.memory = CudaMemory(fake.torch, telemetry.oom)
     fake.initialized = True
     model = torch.nn.Linear(4, 1)
@@ -123,16 +124,16 @@ def test_oom_becomes_span_event_and_counter(harness: RuntimeHarness) -> None:
     flush()
     spans = harness.step_spans()
     assert len(spans) == 4
-    attrs = dict(spans[1].attributes)
+    attrs = attributes_of(spans[1])
     assert attrs[N.SPAN_MEM_ALLOCATED] == 11 * MiB
     assert attrs[N.SPAN_MEM_RESERVED] == 64 * MiB
     assert attrs[N.SPAN_MEM_PEAK] == 13 * MiB
     events = {i: [e for e in s.events if e.name == N.EVENT_OOM] for i, s in enumerate(spans)}
     assert [len(v) for v in events.values()] == [0, 0, 1, 0]
     (oom,) = events[2]
-    assert oom.attributes["allocated_bytes"] == 63 * MiB
-    assert oom.attributes["device_free_bytes"] == 1 * MiB
-    assert oom.attributes[N.SPAN_MEM_ALLOCATED] == 12 * MiB  # allocator state at that step
+    assert attributes_of(oom)["allocated_bytes"] == 63 * MiB
+    assert attributes_of(oom)["device_free_bytes"] == 1 * MiB
+    assert attributes_of(oom)[N.SPAN_MEM_ALLOCATED] == 12 * MiB  # allocator state at that step
     metrics = harness.metrics()
     assert metrics[C.OOMS.name] == [({N.ATTR_DEVICE: 0}, 1)]
     assert metrics[C.MEMORY_ALLOCATED.name] == [({N.ATTR_DEVICE: 0}, 13 * MiB)]
@@ -146,7 +147,8 @@ def test_oom_without_observer_still_counted(harness: RuntimeHarness) -> None:
     fake = FakeAllocator()
     del fake.torch._C._cuda_attach_out_of_memory_observer  # older builds
     inst = harness.instrument()
-    telemetry = inst.telemetry  # type: ignore[attr-defined]
+    telemetry = inst.telemetry
+    assert telemetry is not None
     telemetry.memory = CudaMemory(fake.torch, telemetry.oom)
     fake.initialized = True
     model = torch.nn.Linear(4, 1)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch  # the test command installs it: a missing torch must fail, not skip
-from torch_helpers import Recorder
+from fixtures.torch_runtime import Recorder
 
 from otelgpu.instrumentation.torch._session import Session
 from otelgpu.instrumentation.torch._steps import StepRecord, StepTracker
@@ -46,7 +46,8 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def _loss(model: torch.nn.Module, n: int = 8) -> torch.Tensor:
-    return model(torch.randn(n, 4)).pow(2).mean()
+    loss: torch.Tensor = model(torch.randn(n, 4)).pow(2).mean()
+    return loss
 
 
 def _assert_contiguous(steps: list[StepRecord]) -> None:
@@ -90,32 +91,14 @@ def test_gradient_accumulation_four_micro_batches(session: Session, recorder: Re
     _assert_contiguous(recorder.steps)
 
 
-def test_gan_two_optimizers_generator_anchors(session: Session, recorder: Recorder) -> None:
-    """Issue 15.3: a GAN loop (D then G) is one step per iteration from the first one."""
+def _gan(session: Session, recorder: Recorder, critic_steps: int) -> list[StepRecord]:
+    """20 iterations of ``critic_steps`` discriminator updates then one generator update;
+    the steps, after checking there is one per iteration, anchored on the generator's
+    optimizer, and contiguous."""
     gen, opt_g = _model()
     disc, opt_d = _model()
     for _ in range(20):
-        _loss(disc).backward()
-        opt_d.step()
-        opt_d.zero_grad()
-        _loss(gen).backward()
-        opt_g.step()
-        opt_g.zero_grad()
-    session.tracker.flush()
-    steps = recorder.steps
-    assert len(steps) == 20
-    assert {(s.micro_batches, s.optimizer_steps, s.rule) for s in steps} == {(2, 2, "optimizer")}
-    assert session.tracker.anchor() == id(opt_g)
-    _assert_contiguous(steps)
-
-
-def test_wgan_n_critic_five(session: Session, recorder: Recorder) -> None:
-    """Issue 15.3: five critic steps before the generator's first step are no steps of
-    their own (the warm-up holds them until the period is known)."""
-    gen, opt_g = _model()
-    disc, opt_d = _model()
-    for _ in range(20):
-        for _ in range(5):
+        for _ in range(critic_steps):
             _loss(disc).backward()
             opt_d.step()
             opt_d.zero_grad()
@@ -125,9 +108,22 @@ def test_wgan_n_critic_five(session: Session, recorder: Recorder) -> None:
     session.tracker.flush()
     steps = recorder.steps
     assert len(steps) == 20
-    assert {(s.micro_batches, s.optimizer_steps) for s in steps} == {(6, 6)}
     assert session.tracker.anchor() == id(opt_g)
     _assert_contiguous(steps)
+    return steps
+
+
+def test_gan_two_optimizers_generator_anchors(session: Session, recorder: Recorder) -> None:
+    """Issue 15.3: a GAN loop (D then G) is one step per iteration from the first one."""
+    steps = _gan(session, recorder, critic_steps=1)
+    assert {(s.micro_batches, s.optimizer_steps, s.rule) for s in steps} == {(2, 2, "optimizer")}
+
+
+def test_wgan_n_critic_five(session: Session, recorder: Recorder) -> None:
+    """Issue 15.3: five critic steps before the generator's first step are no steps of
+    their own (the warm-up holds them until the period is known)."""
+    steps = _gan(session, recorder, critic_steps=5)
+    assert {(s.micro_batches, s.optimizer_steps) for s in steps} == {(6, 6)}
 
 
 def test_short_gan_run_is_cut_at_flush(session: Session, recorder: Recorder) -> None:
@@ -229,21 +225,31 @@ def _compiled_run(compile_step: bool, iterations: int) -> tuple[dict[str, dict[s
     return _dynamo_counters(), frames
 
 
+def _compiled_under_session(
+    recorder: Recorder, clock: TickClock, *, compile_step: bool, iterations: int
+) -> tuple[dict[str, dict[str, int]], Session]:
+    """:func:`_compiled_run` bare, then under a hook session (flushed and stopped): the
+    session's Dynamo counters and the session, after checking they are the bare run's
+    (same graphs: no graph break or recompile of ours) with no more frames compiled."""
+    baseline, base_frames = _compiled_run(compile_step=compile_step, iterations=iterations)
+    s = Session(recorder.on_step, recorder, clock=clock)
+    s.start()
+    try:
+        counters, frames = _compiled_run(compile_step=compile_step, iterations=iterations)
+        s.tracker.flush()
+    finally:
+        s.stop()
+    assert counters == baseline
+    assert frames <= base_frames
+    return counters, s
+
+
 @pytest.mark.slow
 def test_torch_compile_model_exact_steps_no_graph_breaks(
     recorder: Recorder, clock: TickClock
 ) -> None:
-    baseline, base_frames = _compiled_run(compile_step=False, iterations=6)
-    s = Session(recorder.on_step, recorder, clock=clock)
-    s.start()
-    try:
-        counters, frames = _compiled_run(compile_step=False, iterations=6)
-        s.tracker.flush()
-    finally:
-        s.stop()
-    assert counters == baseline  # same graphs, no graph break or recompile of ours
+    counters, _ = _compiled_under_session(recorder, clock, compile_step=False, iterations=6)
     assert counters["stats"]["unique_graphs"] == 1
-    assert frames <= base_frames
     assert [(r.micro_batches, r.optimizer_steps) for r in recorder.steps] == [(1, 1)] * 6
     assert recorder.errors == []
 
@@ -254,16 +260,7 @@ def test_torch_compile_whole_train_step(recorder: Recorder, clock: TickClock) ->
     global optimizer hook there). The optimizer steps traced into the compiled function
     are counted at each of its calls: one step per call from the first, with its
     optimizer step, rule ``compiled``. We add no graph break or recompile."""
-    baseline, base_frames = _compiled_run(compile_step=True, iterations=40)
-    s = Session(recorder.on_step, recorder, clock=clock)
-    s.start()
-    try:
-        counters, frames = _compiled_run(compile_step=True, iterations=40)
-        s.tracker.flush()
-    finally:
-        s.stop()
-    assert counters == baseline
-    assert frames <= base_frames
+    _, s = _compiled_under_session(recorder, clock, compile_step=True, iterations=40)
     assert s.tracker.compiled_optimizer_steps == 40
     steps = recorder.steps
     assert [(r.micro_batches, r.optimizer_steps, r.rule) for r in steps] == [
@@ -312,7 +309,8 @@ def test_no_optimizer_hook_each_backward_is_a_step(session: Session, recorder: R
         _loss(model).backward()
         with torch.no_grad():
             for p in model.parameters():
-                p -= 0.01 * p.grad
+                assert p.grad is not None
+                p.sub_(0.01 * p.grad)
                 p.grad = None
     session.tracker.flush()
     assert [(r.micro_batches, r.optimizer_steps, r.rule) for r in recorder.steps] == [

@@ -317,7 +317,8 @@ def test_vllm_instrumentor_injects_the_logger_into_offline_engines(
 
     configs = [vllm_config(vllm_api), vllm_config(vllm_api)]
     monkeypatch.setattr(llm_engine.LLMEngine, "__init__", fake_init)
-    monkeypatch.setattr(llm_engine.Executor, "get_class", staticmethod(lambda _config: object))
+    executor = llm_engine.Executor  # type: ignore[attr-defined]  # vLLM re-exports it, no __all__
+    monkeypatch.setattr(executor, "get_class", staticmethod(lambda _config: object))
     instrumentor = VllmInstrumentor()
     assert tuple(instrumentor.instrumentation_dependencies()) == ("vllm >= 0.10",)
     instrumentor.instrument()
@@ -325,7 +326,8 @@ def test_vllm_instrumentor_injects_the_logger_into_offline_engines(
         cls = _stat_logger_class()
         # What LLM(...) does: stats off by default, no stat_loggers.
         llm_engine.LLMEngine.from_vllm_config(configs[0], disable_log_stats=True)
-        llm_engine.LLMEngine.from_vllm_config(configs[1], None, [cls])
+        # the positional form (vllm_config, usage_context, stat_loggers); None: no context
+        llm_engine.LLMEngine.from_vllm_config(configs[1], None, [cls])  # type: ignore[arg-type]
         assert built[0]["log_stats"] is True and built[0]["stat_loggers"] == [cls]
         assert built[1]["stat_loggers"] == [cls]  # not added twice
         # applied now, or by the post-import hook the moment vLLM imports the module
@@ -388,7 +390,7 @@ def _engine_value(run: Instrumented, name: str, engine: int = 1) -> float:
         if attrs.get("otelgpu.vllm.engine") == engine
     ]
     assert len(values) == 1, (name, values)
-    return values[0]
+    return float(values[0])
 
 
 def test_vllm_plugin_starts_otelgpu_itself_from_the_environment(
@@ -430,7 +432,7 @@ def test_vllm_own_tracing_provider_is_left_alone(
     """With ``--otlp-traces-endpoint`` vLLM installs its tracer provider globally first."""
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import Tracer, TracerProvider
 
     from otelgpu import _runtime
 
@@ -442,5 +444,7 @@ def test_vllm_own_tracing_provider_is_left_alone(
     runtime = _runtime.current()
     assert runtime is not None
     assert trace.get_tracer_provider() is vllm_provider  # vLLM's stays global
-    assert runtime.tracer.resource is not vllm_provider.resource  # otelgpu has its own
-    assert "vllm.instrumenting_module_name" not in runtime.tracer.resource.attributes
+    tracer = runtime.tracer
+    assert isinstance(tracer, Tracer)
+    assert tracer.resource is not vllm_provider.resource  # otelgpu has its own
+    assert "vllm.instrumenting_module_name" not in tracer.resource.attributes

@@ -104,7 +104,7 @@ def test_vllm_replayed_burst_matches_the_script(
         if a.get("gen_ai.provider.name") == "vllm"
     }
     assert outcomes == {"ok": len(ok), "error": reasons["abort"] + reasons["error"]}
-    errors_by_type = Counter()
+    errors_by_type: Counter[str] = Counter()
     for point in run.metrics()["gen_ai.server.request.duration"].exponential_histogram.data_points:
         errors_by_type[attributes(point.attributes).get("error.type", "")] += point.count
     assert errors_by_type == {"": len(ok), "abort": reasons["abort"], "error": reasons["error"]}
@@ -157,7 +157,7 @@ def test_vllm_replayed_energy_per_output_token_is_the_energy_window_over_tokens(
     logger = OtelGpuStatLogger(vllm_config(vllm_api), 0)
     for b in batches(vllm_api, requests, with_scheduler_stats=False, ipc_s=IPC_S):
         logger.record(b.scheduler_stats, b.iteration_stats, None, 0)
-    expected: dict[str, tuple[float | None, str | None]] = {}
+    expected: dict[str, tuple[float, str | None]] = {}
     run.handle.force_flush()  # the spans reach the receiver; the sampler still runs
     per_token = run.runtime.instrument(catalog.ENERGY_PER_OUTPUT_TOKEN).merged()
     request_energy = run.runtime.instrument(catalog.REQUEST_ENERGY).merged()

@@ -26,7 +26,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch_helpers import Recorder, RuntimeHarness
 
 import otelgpu.instrumentation.torch as torch_inst
-from otelgpu.instrumentation.torch import TorchInstrumentor, _telemetry, flush
+from otelgpu.instrumentation.torch import TorchInstrumentor, _step_queue, flush
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch._config import resolve
 from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer, find_cuda_tensor
@@ -349,7 +349,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     monkeypatch.setattr(torch_inst, "torch_cuda_ready", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     # Spans are made on flush() only: no background drain racing the virtual GPU.
-    monkeypatch.setattr(_telemetry, "WORKER_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(_step_queue, "WORKER_INTERVAL_S", 3600.0)
     comm_ms: list[float] = []
 
     def all_reduce(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:

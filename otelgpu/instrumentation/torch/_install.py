@@ -98,6 +98,8 @@ class Installation:
         names: ``id(optimizer)`` → class name, filled by the hooks.
         data, comm, checkpoints: which families to install.
         gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
+        ddp_modules: where the DDP modules built while instrumented are kept (weakly);
+            default a new set.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class Installation:
         comm: bool = True,
         checkpoints: bool = True,
         gpu_timer: CudaEventTimer | None = None,
+        ddp_modules: weakref.WeakSet[Any] | None = None,
     ) -> None:
         self.tracker = tracker
         self.gpu_timer = gpu_timer
@@ -120,7 +123,9 @@ class Installation:
         self._comm = comm
         self._checkpoints = checkpoints
         self._lock = threading.Lock()
-        self.ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.ddp_modules: weakref.WeakSet[Any] = (
+            weakref.WeakSet() if ddp_modules is None else ddp_modules
+        )
         self.installed: list[str] = []
 
     # ------------------------------------------------------------------ torch core

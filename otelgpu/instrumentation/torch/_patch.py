@@ -28,6 +28,7 @@ from otelgpu.instrumentation.torch._gate import GATE, TLS
 from otelgpu.instrumentation.torch._steps import StepTracker
 
 __all__ = [
+    "ErrorSink",
     "Patches",
     "Sink",
     "autograd_backward",
@@ -51,7 +52,14 @@ _DCP_ASYNC_THREAD = (
 AnyFn = Callable[..., Any]
 
 
-class Sink(Protocol):
+class ErrorSink(Protocol):
+    """Where our own errors go."""
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """Our own code failed at ``where``; report once, never raise."""
+
+
+class Sink(ErrorSink, Protocol):
     """Where per-operation measurements go (the runtime, or a test recorder)."""
 
     def comm(self, op: str, start_ns: int, end_ns: int) -> None:
@@ -62,9 +70,6 @@ class Sink(Protocol):
 
     def loader_startup(self, start_ns: int, end_ns: int) -> None:
         """``iter(DataLoader)`` with workers took ``end - start`` ns."""
-
-    def error(self, where: str, exc: BaseException) -> None:
-        """Our own code failed at ``where``; report once, never raise."""
 
 
 class Patches:

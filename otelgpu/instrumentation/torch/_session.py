@@ -8,6 +8,7 @@ restores every patched attribute. Nothing here imports torch at module import ti
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -32,6 +33,8 @@ class Session:
         data, comm, checkpoints: which hook families to install.
         probe: called when a step closes (allocator statistics); errors reported.
         gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
+        ddp_modules: where the DDP modules built while instrumented are kept (weakly);
+            default a new set.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class Session:
         checkpoints: bool = True,
         probe: Callable[[], object] | None = None,
         gpu_timer: CudaEventTimer | None = None,
+        ddp_modules: weakref.WeakSet[Any] | None = None,
     ) -> None:
         self.sink = sink
         self._probe = probe
@@ -65,6 +69,7 @@ class Session:
             comm=comm,
             checkpoints=checkpoints,
             gpu_timer=gpu_timer,
+            ddp_modules=ddp_modules,
         )
         self.started = False
         #: Extra installers (e.g. the phase hooks): ``install(torch)`` when torch is

@@ -30,7 +30,7 @@ from otelgpu.instrumentation.torch import TorchInstrumentor, _step_queue, flush
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch._config import resolve
 from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer, find_cuda_tensor
-from otelgpu.instrumentation.torch._patch import collective
+from otelgpu.instrumentation.torch._patch_io import collective
 from otelgpu.instrumentation.torch._steps import StepTracker
 from otelgpu.metrics import catalog as C
 

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otelgpu.errors import ConfigurationError
@@ -143,22 +143,8 @@ def visible_devices(
         if info.uuid in seen:
             continue
         seen.add(info.uuid)
-        result.append(_with_cuda_index(info, len(result)))
+        result.append(replace(info, cuda_index=len(result)))
     return result
-
-
-def _with_cuda_index(info: DeviceInfo, cuda_index: int | None) -> DeviceInfo:
-    return DeviceInfo(
-        uuid=info.uuid,
-        nvml_index=info.nvml_index,
-        cuda_index=cuda_index,
-        name=info.name,
-        pci_bus_id=info.pci_bus_id,
-        memory_total_bytes=info.memory_total_bytes,
-        compute_capability=info.compute_capability,
-        parent_uuid=info.parent_uuid,
-        details=info.details,
-    )
 
 
 def _torch_current_device() -> int | None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from otelgpu.report import analysis as A
 from otelgpu.report import compare as C
-from otelgpu.report.model import Run
+from otelgpu.report.model import GpuEvent, Run
 
 #: CDF resolution: quantiles evaluated per sketch.
 CDF_POINTS = 200
@@ -208,13 +208,9 @@ def step_time_figure(run: Run) -> dict[str, Any] | None:
     return {"data": data, "layout": layout}
 
 
-def _mark_events(
-    run: Run, data: list[dict[str, Any]], layout: dict[str, Any], y_top: float
-) -> None:
-    events = run.gpu_events[:MAX_EVENT_MARKERS]
-    if not events:
-        return
-    layout["shapes"] = [
+def _event_lines(events: Sequence[GpuEvent], *, width: float) -> list[dict[str, Any]]:
+    """A dotted vertical line (full plot height) at each GPU event's time."""
+    return [
         {
             "type": "line",
             "xref": "x",
@@ -223,10 +219,19 @@ def _mark_events(
             "x1": round(e.time_s, 4),
             "y0": 0,
             "y1": 1,
-            "line": {"color": EVENT_COLOR, "width": 1.5, "dash": "dot"},
+            "line": {"color": EVENT_COLOR, "width": width, "dash": "dot"},
         }
         for e in events
     ]
+
+
+def _mark_events(
+    run: Run, data: list[dict[str, Any]], layout: dict[str, Any], y_top: float
+) -> None:
+    events = run.gpu_events[:MAX_EVENT_MARKERS]
+    if not events:
+        return
+    layout["shapes"] = _event_lines(events, width=1.5)
     data.append(
         {
             "type": "scatter",
@@ -400,19 +405,7 @@ def gpu_figure(run: Run) -> dict[str, Any] | None:
             )
     events = run.gpu_events[:MAX_EVENT_MARKERS]
     if events:
-        layout["shapes"] = [
-            {
-                "type": "line",
-                "xref": "x",
-                "yref": "paper",
-                "x0": round(e.time_s, 4),
-                "x1": round(e.time_s, 4),
-                "y0": 0,
-                "y1": 1,
-                "line": {"color": EVENT_COLOR, "width": 1, "dash": "dot"},
-            }
-            for e in events
-        ]
+        layout["shapes"] = _event_lines(events, width=1)
     return {"data": data, "layout": layout}
 
 

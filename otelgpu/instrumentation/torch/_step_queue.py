@@ -39,7 +39,6 @@ class StepQueue(Generic[T]):
         on_error: receives ``(where, exception)`` of a failing ``consume``
             (``torch.step``); must not raise.
         on_dropped: receives the count of steps dropped since the last drain, after it.
-        thread_name: the background thread's name.
     """
 
     def __init__(
@@ -49,13 +48,11 @@ class StepQueue(Generic[T]):
         before_drain: Callable[[], None],
         on_error: Callable[[str, BaseException], None],
         on_dropped: Callable[[int], None],
-        thread_name: str = "otelgpu-torch-steps",
     ) -> None:
         self._consume = consume
         self._before_drain = before_drain
         self._on_error = on_error
         self._on_dropped = on_dropped
-        self._thread_name = thread_name
         self._queue: deque[T] = deque()
         self._dropped = 0
         self._drain_lock = threading.Lock()
@@ -79,7 +76,7 @@ class StepQueue(Generic[T]):
             if self._worker is not None and self._worker.is_alive():
                 return
             self._stop.clear()
-            worker = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+            worker = threading.Thread(target=self._run, name="otelgpu-torch-steps", daemon=True)
             self._worker = worker
             worker.start()
 

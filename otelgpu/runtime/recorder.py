@@ -10,7 +10,7 @@ and a non-recording span returned. Subclasses are thread-safe.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -65,6 +65,27 @@ class Recorder(abc.ABC, Generic[R]):
     @abc.abstractmethod
     def finish(self, span: Span, record: R) -> None:
         """Attributes, GPU context and metrics of ``record``; ends ``span``. Never raises."""
+
+    def _annotate(
+        self,
+        span: Span,
+        own: dict[str, Any],
+        attributes: Mapping[str, Any] | None,
+        context: Mapping[str, Any],
+        work: Mapping[str, Any],
+        window: tuple[int, int, Sequence[str] | None],
+    ) -> None:
+        """Sets a recording span's attributes -- the record's ``own``, then the caller's
+        ``attributes``, the GPU ``context`` and ``work`` (later ones win) -- and adds the
+        GPU health events of ``window`` (start ns, end ns, devices) when GPUs are sampled."""
+        if attributes:
+            own.update(attributes)
+        own.update(context)
+        own.update(work)
+        span.set_attributes(own)
+        gpu = self._gpu
+        if gpu.sampler is not None:
+            gpu.add_events(span, *window)
 
     def record(self, record: R) -> Span:
         """Span and metrics of a finished record; returns the (ended) span. Never raises."""

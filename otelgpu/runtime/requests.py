@@ -206,13 +206,8 @@ class RequestRecorder(Recorder[RequestRecord]):
                     span_attrs["gen_ai.response.id"] = record.response_id
                 if record.response_model is not None:
                     span_attrs["gen_ai.response.model"] = record.response_model
-                if attributes:
-                    span_attrs.update(attributes)
-                span_attrs.update(context)
-                span_attrs.update(work)
-                span.set_attributes(span_attrs)
-                if gpu.sampler is not None:
-                    gpu.add_events(span, start_ns, end_ns, devices)
+                window = (start_ns, end_ns, devices)
+                self._annotate(span, span_attrs, attributes, context, work, window)
                 if record.exception is not None:
                     span.record_exception(record.exception)
                 if outcome != "ok":

@@ -97,13 +97,7 @@ class StepRecorder(Recorder[StepRecord]):
             )
             if recording:  # an unsampled span gets no attribute dict built
                 attrs = step_attributes(duration_s, step, samples, tokens)
-                if attributes:
-                    attrs.update(attributes)
-                attrs.update(context)
-                attrs.update(work)
-                span.set_attributes(attrs)
-                if gpu.sampler is not None:
-                    gpu.add_events(span, start_ns, end_ns, devices)
+                self._annotate(span, attrs, attributes, context, work, (start_ns, end_ns, devices))
                 failed = record.failed
                 if failed is not None:
                     span.record_exception(failed)

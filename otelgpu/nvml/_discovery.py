@@ -76,16 +76,13 @@ def _device_info(gpu: PhysicalGpu, cuda_index: int | None) -> DeviceInfo:
 
 
 def _mig_info(gpu: PhysicalGpu, mig: MigInstance, cuda_index: int | None) -> DeviceInfo:
-    return DeviceInfo(
+    # A MIG instance is its GPU with its own identity and memory.
+    return replace(
+        _device_info(gpu, cuda_index),
         uuid=mig.uuid,
-        nvml_index=gpu.nvml_index,
-        cuda_index=cuda_index,
         name=mig.name,
-        pci_bus_id=gpu.pci_bus_id,
         memory_total_bytes=mig.memory_total_bytes,
-        compute_capability=gpu.compute_capability,
         parent_uuid=gpu.uuid,
-        details=gpu.extra,
     )
 
 

@@ -185,11 +185,6 @@ class TorchGauges:
 
     # ------------------------------------------------------------------ outputs
 
-    def ddp_timing(self) -> dict[str, float]:
-        """Latest DDP averages read (s), keyed by DDP's own names."""
-        with self._lock:
-            return dict(self._ddp)
-
     def ratios(self) -> tuple[float, float, float] | None:
         """(data-wait share, comm-wait share, p99/p50 of step time) over the ring."""
         with self._lock:

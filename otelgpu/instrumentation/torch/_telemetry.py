@@ -103,7 +103,6 @@ class Telemetry:
         self._add_event = add_event
         self._step_observers = tuple(step_observers)
         self.enabled = True
-        self.steps_seen = 0
         self._inst: dict[str, Any] | None = None
         self._inst_runtime: RuntimeAPI | None = None
         self._devices: tuple[Any, StepDevices] | None = None
@@ -278,7 +277,6 @@ class Telemetry:
         if rt is None:
             return
         inst = self._instruments(rt)
-        self.steps_seen += 1
         self.gauges.add_step(record.duration_ns, record.data_wait_ns, record.comm_wait_ns)
         optimizer_attrs = {N.ATTR_SKIPPED: False}
         if record.optimizer_steps > record.skipped_optimizer_steps:

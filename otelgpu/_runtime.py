@@ -40,6 +40,7 @@ from otelgpu.otel.sketches import SketchHistogram, SketchRegistry
 from otelgpu.otel.stats import InternalStats
 from otelgpu.runtime.gpu import GpuContext
 from otelgpu.runtime.health import HealthMonitor
+from otelgpu.runtime.recorder import Parts
 from otelgpu.runtime.records import OUTCOMES, RequestRecord, StepRecord
 from otelgpu.runtime.requests import RequestRecorder
 from otelgpu.runtime.steps import StepRecorder
@@ -112,14 +113,10 @@ class Runtime:
             peak_flops=settings.peak_flops,
             dtype=settings.mfu_dtype,
         )
-        self.steps = StepRecorder(self.tracer, self.instrument, self.gpu, self.stats, work)
+        parts = Parts(self.tracer, self.instrument, self.gpu, self.stats, work)
+        self.steps = StepRecorder(parts)
         self.requests = RequestRecorder(
-            self.tracer,
-            self.instrument,
-            self.gpu,
-            self.stats,
-            attribute_value_length_limit=settings.attribute_value_length_limit,
-            work=work,
+            parts, attribute_value_length_limit=settings.attribute_value_length_limit
         )
         if sampler is not None:
             self.instrument(catalog.GPU_HEALTH_EVENTS, self.health.observe)

@@ -160,15 +160,25 @@ def _split(raw: object) -> list[str]:
     raise TypeError(raw)
 
 
-def _exporters(raw: object) -> tuple[str, ...]:
-    values = [v.lower() for v in _split(raw)]
-    if not values or any(v not in EXPORTERS for v in values):
-        raise ValueError(raw)
-    if "none" in values:
-        if len(values) > 1:
+def _names_of(vocabulary: tuple[str, ...]) -> Callable[[object], tuple[str, ...]]:
+    """A parser of a comma list of names from ``vocabulary``, deduplicated in order;
+    ``none`` (alone) is the empty tuple."""
+
+    def parse(raw: object) -> tuple[str, ...]:
+        values = [v.lower() for v in _split(raw)]
+        if not values or any(v not in vocabulary for v in values):
             raise ValueError(raw)
-        return ()
-    return tuple(dict.fromkeys(values))
+        if "none" in values:
+            if len(values) > 1:
+                raise ValueError(raw)
+            return ()
+        return tuple(dict.fromkeys(values))
+
+    return parse
+
+
+_exporters = _names_of(EXPORTERS)
+_frameworks = _names_of(FRAMEWORKS)
 
 
 def _key_values(raw: object) -> dict[str, str]:
@@ -184,17 +194,6 @@ def _key_values(raw: object) -> dict[str, str]:
             raise ValueError(raw)
         out[unquote(key.strip())] = unquote(value.strip())
     return out
-
-
-def _frameworks(raw: object) -> tuple[str, ...]:
-    values = [v.lower() for v in _split(raw)]
-    if not values or any(v not in FRAMEWORKS for v in values):
-        raise ValueError(raw)
-    if "none" in values:
-        if len(values) > 1:
-            raise ValueError(raw)
-        return ()
-    return tuple(dict.fromkeys(values))
 
 
 def _signal_exporter(raw: object) -> str:

@@ -22,9 +22,10 @@ MAX_COUNT = 2**53
 2**10 such calls still fit the signed 64-bit integers OTLP carries."""
 
 MAX_DURATION_S = 31_536_000.0
+"""Largest duration accepted, in seconds (one year)."""
+
 MAX_FLOPS = 1e24
 """Largest FLOPs per step accepted (counts of a step exceed 2**53 on large models)."""
-"""Largest duration accepted, in seconds (one year)."""
 
 
 class Rejecter(Protocol):
@@ -48,41 +49,36 @@ def _reason(value: object, limit: float) -> str | None:
     return "negative" if number < 0 else "too_large" if number > limit else None
 
 
+def _accepted(value: object, limit: float, field: str, stats: Rejecter | None) -> bool:
+    """True if ``value`` is a number in ``[0, limit]``; else its rejection is counted."""
+    reason = _reason(value, limit)
+    if reason is None:
+        return True
+    if stats is not None:
+        stats.add_rejected(field, reason)
+    return False
+
+
 def count(value: object, field: str, stats: Rejecter | None) -> float | None:
     """``value`` if it is a count in ``[0, MAX_COUNT]``, else ``None`` (counted).
 
     ``None`` passes through silently (the field was not given).
     """
-    if value is None:
+    if value is None or not _accepted(value, MAX_COUNT, field, stats):
         return None
-    reason = _reason(value, MAX_COUNT)
-    if reason is None:
-        return value  # type: ignore[return-value]
-    if stats is not None:
-        stats.add_rejected(field, reason)
-    return None
+    return value  # type: ignore[return-value]
 
 
 def duration(value: object, field: str, stats: Rejecter | None) -> float | None:
     """``value`` (seconds) if it is in ``[0, MAX_DURATION_S]``, else ``None`` (counted)."""
-    if value is None:
+    if value is None or not _accepted(value, MAX_DURATION_S, field, stats):
         return None
-    reason = _reason(value, MAX_DURATION_S)
-    if reason is None:
-        return float(value)  # type: ignore[arg-type]
-    if stats is not None:
-        stats.add_rejected(field, reason)
-    return None
+    return float(value)  # type: ignore[arg-type]
 
 
 def flops(value: object, field: str, stats: Rejecter | None) -> float | None:
     """``value`` if it is a FLOP count in ``[0, MAX_FLOPS]``, else ``None`` (counted)."""
-    if value is None:
-        return None
-    reason = _reason(value, MAX_FLOPS)
-    if reason is not None:
-        if stats is not None:
-            stats.add_rejected(field, reason)
+    if value is None or not _accepted(value, MAX_FLOPS, field, stats):
         return None
     return float(value)  # type: ignore[arg-type]
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from otelgpu import environment_variables as ev
+from otelgpu.commands import command_parser
 
 DEFAULT_SCENARIO = "healthy-8xh100"
 MODEL = "tiny-gpt2"
@@ -43,13 +44,12 @@ THROTTLED_GPU = 2
 XID_GPU = 5
 
 
+SUMMARY = "train and serve small real models under otelgpu, then show the verdict and report"
+"""The line of ``otelgpu --help`` for this command."""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "demo",
-        help="train and serve small real models under otelgpu, then show the verdict and report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(subparsers, "demo", SUMMARY, __doc__)
     parser.add_argument(
         "--scenario",
         default=None,

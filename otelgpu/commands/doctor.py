@@ -18,15 +18,14 @@ from typing import Any, TextIO
 from urllib.parse import urlparse
 
 from otelgpu import environment_variables as ev
+from otelgpu.commands import command_parser
+
+SUMMARY = "check the native core, NVML/simulator, devices and settings"
+"""The line of ``otelgpu --help`` for this command."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "doctor",
-        help="check the native core, NVML/simulator, devices and settings",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(subparsers, "doctor", SUMMARY, __doc__)
     parser.set_defaults(func=run)
     return parser
 

@@ -21,18 +21,18 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from otelgpu.commands import command_parser
 from otelgpu.errors import CorruptDataError
 
 EXIT_REGRESSION = 3
 
 
+SUMMARY = "summarise a recording (text, --html), or compare two runs (A B)"
+"""The line of ``otelgpu --help`` for this command."""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "report",
-        help="summarise a recording (text, --html), or compare two runs (A B)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(subparsers, "report", SUMMARY, __doc__)
     parser.add_argument("files", nargs="+", help="recording files (*.otlp.jsonl)")
     parser.add_argument("--html", metavar="OUT.html", help="also write the report as HTML")
     parser.add_argument(

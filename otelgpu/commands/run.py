@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import otelgpu.instrumentation.gpu as gpu_instrumentation
+from otelgpu.commands import command_parser
 
 
 def bootstrap_dir() -> Path:
@@ -29,13 +30,12 @@ def bootstrap_dir() -> Path:
     return Path(gpu_instrumentation.__file__).resolve().parent / "bootstrap"
 
 
+SUMMARY = "run a program with otelgpu enabled: otelgpu run -- python train.py"
+"""The line of ``otelgpu --help`` for this command."""
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "run",
-        help="run a program with otelgpu enabled: otelgpu run -- python train.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(subparsers, "run", SUMMARY, __doc__)
     parser.add_argument("--sim", metavar="SCENARIO", help="use the simulated GPU (scenario)")
     parser.add_argument(
         "-e",

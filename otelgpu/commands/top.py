@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from otelgpu.commands import command_parser
+
+SUMMARY = "live view of instrumented processes (OTELGPU_LIVE=true / otelgpu run --live)"
+"""The line of ``otelgpu --help`` for this command."""
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "top",
-        help="live view of instrumented processes (OTELGPU_LIVE=true / otelgpu run --live)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(subparsers, "top", SUMMARY, __doc__)
     parser.add_argument("--dir", help="directory of the live sockets (default: the user's)")
     parser.add_argument("--pid", type=int, action="append", help="only this process (repeatable)")
     parser.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from otelgpu.errors import ConfigurationError
@@ -76,16 +76,13 @@ def _device_info(gpu: PhysicalGpu, cuda_index: int | None) -> DeviceInfo:
 
 
 def _mig_info(gpu: PhysicalGpu, mig: MigInstance, cuda_index: int | None) -> DeviceInfo:
-    return DeviceInfo(
+    # A MIG instance is its GPU with its own identity and memory.
+    return replace(
+        _device_info(gpu, cuda_index),
         uuid=mig.uuid,
-        nvml_index=gpu.nvml_index,
-        cuda_index=cuda_index,
         name=mig.name,
-        pci_bus_id=gpu.pci_bus_id,
         memory_total_bytes=mig.memory_total_bytes,
-        compute_capability=gpu.compute_capability,
         parent_uuid=gpu.uuid,
-        details=gpu.extra,
     )
 
 
@@ -143,22 +140,8 @@ def visible_devices(
         if info.uuid in seen:
             continue
         seen.add(info.uuid)
-        result.append(_with_cuda_index(info, len(result)))
+        result.append(replace(info, cuda_index=len(result)))
     return result
-
-
-def _with_cuda_index(info: DeviceInfo, cuda_index: int | None) -> DeviceInfo:
-    return DeviceInfo(
-        uuid=info.uuid,
-        nvml_index=info.nvml_index,
-        cuda_index=cuda_index,
-        name=info.name,
-        pci_bus_id=info.pci_bus_id,
-        memory_total_bytes=info.memory_total_bytes,
-        compute_capability=info.compute_capability,
-        parent_uuid=info.parent_uuid,
-        details=info.details,
-    )
 
 
 def _torch_current_device() -> int | None:

@@ -303,61 +303,57 @@ def _grpc_credentials(settings: Settings) -> Any:
         return grpc.ssl_channel_credentials(root_certificates=f.read())
 
 
-def otlp_span_exporter(settings: Settings) -> SpanExporter:
-    """The SDK's OTLP span exporter for ``settings`` (gRPC or HTTP/protobuf)."""
+def _otlp_options(settings: Settings, signal: str) -> dict[str, Any]:
+    """The keyword arguments of the SDK's OTLP exporters of ``signal`` (``traces``,
+    ``metrics``) for ``settings``, gRPC or HTTP/protobuf."""
     timeout = settings.otlp_timeout_ms / 1000 if settings.otlp_timeout_ms else None
     headers = dict(settings.otlp_headers) if settings.otlp_headers is not None else None
+    endpoint = _endpoint(settings, signal)
+    if settings.otlp_protocol == "grpc":
+        return {
+            "endpoint": endpoint,
+            "insecure": settings.otlp_insecure,
+            "credentials": _grpc_credentials(settings),
+            "headers": headers,
+            "timeout": timeout,
+        }
+    return {
+        "endpoint": _http_url(endpoint, signal) if endpoint else None,
+        "certificate_file": settings.otlp_certificate,
+        "headers": headers,
+        "timeout": timeout,
+    }
+
+
+def otlp_span_exporter(settings: Settings) -> SpanExporter:
+    """The SDK's OTLP span exporter for ``settings`` (gRPC or HTTP/protobuf)."""
     if settings.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcSpanExporter,
         )
 
-        return GrpcSpanExporter(
-            endpoint=_endpoint(settings, "traces"),
-            insecure=settings.otlp_insecure,
-            credentials=_grpc_credentials(settings),
-            headers=headers,
-            timeout=timeout,
-        )
+        return GrpcSpanExporter(**_otlp_options(settings, "traces"))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpSpanExporter,
     )
 
-    endpoint = _endpoint(settings, "traces")
-    return HttpSpanExporter(
-        endpoint=_http_url(endpoint, "traces") if endpoint else None,
-        certificate_file=settings.otlp_certificate,
-        headers=headers,
-        timeout=timeout,
-    )
+    return HttpSpanExporter(**_otlp_options(settings, "traces"))
 
 
 def otlp_metric_exporter(settings: Settings, temporality: Temporality) -> MetricExporter:
     """The SDK's OTLP metric exporter for ``settings`` (gRPC or HTTP/protobuf)."""
-    timeout = settings.otlp_timeout_ms / 1000 if settings.otlp_timeout_ms else None
-    headers = dict(settings.otlp_headers) if settings.otlp_headers is not None else None
     if settings.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcMetricExporter,
         )
 
         return GrpcMetricExporter(
-            endpoint=_endpoint(settings, "metrics"),
-            insecure=settings.otlp_insecure,
-            credentials=_grpc_credentials(settings),
-            headers=headers,
-            timeout=timeout,
-            preferred_temporality=temporality,
+            **_otlp_options(settings, "metrics"), preferred_temporality=temporality
         )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetricExporter,
     )
 
-    endpoint = _endpoint(settings, "metrics")
     return HttpMetricExporter(
-        endpoint=_http_url(endpoint, "metrics") if endpoint else None,
-        certificate_file=settings.otlp_certificate,
-        headers=headers,
-        timeout=timeout,
-        preferred_temporality=temporality,
+        **_otlp_options(settings, "metrics"), preferred_temporality=temporality
     )

@@ -31,7 +31,6 @@ import collections
 import os
 import threading
 import time
-import weakref
 from typing import Any
 
 from opentelemetry.context import Context
@@ -39,6 +38,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otelgpu._fork import after_fork_in_child
 from otelgpu.otel.stats import InternalStats
 from otelgpu.otel.tail_sampling import StepSpanSampler
 
@@ -79,15 +79,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._stopped = False
         self._pid = os.getpid()
         self._thread = self._start_thread()
-        if hasattr(os, "register_at_fork"):
-            weak = weakref.WeakMethod(self._after_fork_in_child)
-
-            def _after_in_child() -> None:
-                method = weak()
-                if method is not None:
-                    method()
-
-            os.register_at_fork(after_in_child=_after_in_child)
+        after_fork_in_child(self._after_fork_in_child)
 
     def _start_thread(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name="otelgpu-span-export", daemon=True)

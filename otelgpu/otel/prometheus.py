@@ -14,7 +14,7 @@ The quantile gauges stay (``<name>_quantile_<unit>{quantile}``).
 Each family also carries the sketch's buckets as Prometheus native histograms
 (``native_histograms``, :func:`otelgpu.otel.histogram_rule.native_histogram`), which
 only the protobuf format writes (:mod:`otelgpu.otel.prometheus_protobuf`, served to a
-scraper that negotiates it by :mod:`otelgpu.otel.pull_endpoint`); the text formats
+scraper that negotiates it by :mod:`otelgpu.otel.pull_server`); the text formats
 ignore them. A family carries them only if every point has a native form.
 
 Collection runs on the scrape's thread, reads the sketches under their own locks, and

@@ -13,13 +13,12 @@ Rules (setting ``attach``):
 otelgpu never shuts down a provider it did not build. When it attaches to someone
 else's meter provider it cannot add to that provider's exporters, so the sketch
 histograms travel through a small private meter provider with otelgpu's exporters
-(its quantile gauges still go to the application's meter).
+(its quantile gauges still go to the application's meter). The Prometheus pull endpoint
+is started by ``pull_endpoint``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
 import re
@@ -28,7 +27,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from otelgpu._settings import Settings
 from otelgpu.otel import exporters as ex
+from otelgpu.otel import pull_endpoint
 from otelgpu.otel.fast_export import EncodedSpanExporter
 from otelgpu.otel.processor import BoundedBatchSpanProcessor
 from otelgpu.otel.recording import (
@@ -212,7 +212,7 @@ class Pipeline:
             self.prometheus_server.shutdown()
             self.prometheus_server.server_close()
         if self.prometheus_collector is not None:
-            _unregister(self.prometheus_collector)
+            pull_endpoint.unregister(self.prometheus_collector)
         if self.recording is not None:
             self.recording.close()
         if stats is not None:
@@ -381,13 +381,15 @@ def build_pipeline(
         prometheus = None
         if meter_given is None and "prometheus" in metric_names:
             # First: the step most likely to fail for reasons outside the program.
-            prometheus = _prometheus(settings, stats)
+            prometheus = pull_endpoint.start(settings, stats)
             if prometheus is not None:
                 built.append(prometheus[1])
                 pipeline_kwargs.update(
                     prometheus_server=prometheus[1],
                     prometheus_address=prometheus[2],
-                    prometheus_collector=_register_sketch_collector(sketch_metrics, stats),
+                    prometheus_collector=pull_endpoint.register_sketch_collector(
+                        sketch_metrics, stats
+                    ),
                 )
                 built.append(pipeline_kwargs["prometheus_collector"])
         if "recording" in signal_exporters(settings, "traces") + metric_names:
@@ -500,29 +502,11 @@ def build_pipeline(
     )
 
 
-def _register_sketch_collector(sketch_metrics: Callable[[], Sequence[Metric]], stats: Any) -> Any:
-    """Put the sketch histograms on the pull endpoint (``otelgpu.otel.prometheus``)."""
-    from prometheus_client import REGISTRY
-
-    from otelgpu.otel.prometheus import SketchCollector
-
-    collector = SketchCollector(sketch_metrics, stats)
-    REGISTRY.register(collector)
-    return collector
-
-
-def _unregister(collector: Any) -> None:
-    from prometheus_client import REGISTRY
-
-    with contextlib.suppress(KeyError):  # already gone
-        REGISTRY.unregister(collector)
-
-
 def _discard(item: Any) -> None:
     """Undo one part of a pipeline whose construction failed (never raises)."""
     try:
         if type(item).__name__ == "SketchCollector":
-            _unregister(item)
+            pull_endpoint.unregister(item)
         elif isinstance(item, RecordingFile):
             item.close()
             if item.lines_written == 0 and item.path.exists() and item.path.stat().st_size == 0:
@@ -534,69 +518,6 @@ def _discard(item: Any) -> None:
             item.server_close()
     except Exception as exc:  # noqa: BLE001 - cleaning up after a failure
         _logger.debug("otelgpu: cleanup after a failed instrument(): %r", exc)
-
-
-def prometheus_port(settings: Settings, environ: Mapping[str, str] | None = None) -> int:
-    """The port this process's pull endpoint asks for.
-
-    Rule (documented in docs/configuration.md): ``prometheus_port + LOCAL_RANK`` when
-    ``prometheus_rank_offset`` is on (default), ``LOCAL_RANK`` is set (torchrun, DeepSpeed,
-    Accelerate set it on every rank of a node) and the base port is not 0 (0 picks a free
-    port anyway); otherwise ``prometheus_port``.
-    """
-    env = os.environ if environ is None else environ
-    base = settings.prometheus_port
-    rank = env.get("LOCAL_RANK", "").strip()
-    if settings.prometheus_rank_offset and base and rank.isdigit():
-        return min(base + int(rank), 65535)
-    return base
-
-
-def _prometheus(
-    settings: Settings, stats: InternalStats
-) -> tuple[MetricReader, Any, tuple[str, int]] | None:
-    """The pull endpoint's reader, server and address; ``None`` when its port is taken.
-
-    A port in use is a fact of the node (another rank, another exporter), not a mistake
-    in the configuration: the process goes on without a pull endpoint (one warning,
-    counted in ``otelgpu.internal.errors``) rather than crash ``instrument()`` on every
-    rank after the first. An address that cannot be bound at all is a configuration error.
-    """
-    try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-
-        from otelgpu.otel.pull_endpoint import start_pull_server
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        from otelgpu.errors import ConfigurationError
-
-        raise ConfigurationError(
-            "exporters",
-            "prometheus",
-            "an installed opentelemetry-exporter-prometheus (pip install 'otelgpu[prometheus]')",
-        ) from exc
-    port = prometheus_port(settings)
-    try:
-        server, _thread = start_pull_server(port, settings.prometheus_host)
-    except OSError as exc:  # port in use, address not local, permission denied ...
-        from otelgpu.errors import ConfigurationError
-
-        if exc.errno == errno.EADDRINUSE:
-            stats.report_error(
-                f"prometheus endpoint {settings.prometheus_host}:{port} (port in use; "
-                "no pull endpoint in this process -- see prometheus_rank_offset)",
-                exc,
-            )
-            return None
-
-        raise ConfigurationError(
-            "prometheus_port",
-            settings.prometheus_port,
-            f"a port that can be bound on {settings.prometheus_host} ({exc.strerror or exc}; "
-            "0 picks a free one; or change prometheus_host)",
-        ) from exc
-    reader = PrometheusMetricReader()
-    host, port = server.server_address[:2]
-    return reader, server, (str(host), int(port))
 
 
 def _announce(path: Path) -> None:

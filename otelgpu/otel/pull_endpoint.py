@@ -1,137 +1,108 @@
-"""The Prometheus pull endpoint's HTTP server: text formats, or protobuf when negotiated.
+"""The Prometheus pull endpoint of one process: its port, its HTTP server, its sketches.
 
-:func:`start_pull_server` serves a ``prometheus_client`` registry like
-``prometheus_client.start_http_server`` (a daemon thread, one thread per request, no
-request logging), with one difference: a ``GET`` whose ``Accept`` header prefers the
-delimited protobuf format (``application/vnd.google.protobuf;
-proto=io.prometheus.client.MetricFamily; encoding=delimited`` with the highest ``q``
-of the types offered, as Prometheus sends it with ``--enable-feature=native-histograms``)
-is answered by :func:`otelgpu.otel.prometheus_protobuf.encode`, which adds the
-sketches' native histograms. Everything else -- the text and OpenMetrics formats,
-``OPTIONS``, other methods, ``/favicon.ico`` -- is ``prometheus_client``'s own app,
-unchanged. Both honour gzip (``Accept-Encoding``) and ``name[]`` (series selection);
-the protobuf answer selects the samples so named in every family, histograms and
-summaries whole (``prometheus_client``'s text answer searches only collectors that
-describe their names, which otelgpu's do not).
+:func:`start` binds the endpoint (``prometheus_host``, :func:`prometheus_port`) and
+returns the OpenTelemetry reader to add to the meter provider (the HTTP server is
+:mod:`otelgpu.otel.pull_server`: text formats, protobuf with native histograms when the
+scraper asks); a port already in use leaves the process without an endpoint (one warning,
+counted) instead of failing ``instrument()``. :func:`register_sketch_collector` adds the
+sketch histograms (``otelgpu.otel.prometheus``) to the default registry the server serves.
+
+Thread-safety: called at ``instrument()``/``shutdown()`` time, under the API lock.
 """
 
 from __future__ import annotations
 
-import gzip
-import socket
-import threading
-from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
+import contextlib
+import errno
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, make_wsgi_app
-from prometheus_client.registry import CollectorRegistry
+from opentelemetry.sdk.metrics.export import Metric, MetricReader
 
-from otelgpu.otel import prometheus_protobuf
+from otelgpu._settings import Settings
+from otelgpu.otel.stats import InternalStats
 
-_PROTOBUF = "application/vnd.google.protobuf"
-_MESSAGE = "io.prometheus.client.MetricFamily"
-
-StartResponse = Callable[..., Any]
-WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+__all__ = ["prometheus_port", "register_sketch_collector", "start", "unregister"]
 
 
-def _media(entry: str) -> tuple[str, dict[str, str]]:
-    kind, *params = (part.strip() for part in entry.split(";"))
-    parsed = {}
-    for param in params:
-        key, _, value = param.partition("=")
-        parsed[key.strip().lower()] = value.strip().strip('"')
-    return kind.lower(), parsed
+def prometheus_port(settings: Settings, environ: Mapping[str, str] | None = None) -> int:
+    """The port this process's pull endpoint asks for.
+
+    Rule (documented in docs/configuration.md): ``prometheus_port + LOCAL_RANK`` when
+    ``prometheus_rank_offset`` is on (default), ``LOCAL_RANK`` is set (torchrun, DeepSpeed,
+    Accelerate set it on every rank of a node) and the base port is not 0 (0 picks a free
+    port anyway); otherwise ``prometheus_port``.
+    """
+    env = os.environ if environ is None else environ
+    base = settings.prometheus_port
+    rank = env.get("LOCAL_RANK", "").strip()
+    if settings.prometheus_rank_offset and base and rank.isdigit():
+        return min(base + int(rank), 65535)
+    return base
 
 
-def wants_protobuf(accept: str) -> bool:
-    """Whether ``accept`` ranks the delimited ``MetricFamily`` protobuf format first
-    (ties go to the earlier entry, as the scraper listed it)."""
-    best_q, best_is_protobuf = -1.0, False
-    for entry in accept.split(","):
-        if not entry.strip():
-            continue
-        kind, params = _media(entry)
-        try:
-            q = float(params.get("q", "1"))
-        except ValueError:
-            continue
-        is_protobuf = (
-            kind == _PROTOBUF
-            and params.get("proto") == _MESSAGE
-            and params.get("encoding") == "delimited"
-        )
-        if kind == _PROTOBUF and not is_protobuf:
-            continue  # a protobuf flavour we do not write
-        if q > best_q:
-            best_q, best_is_protobuf = q, is_protobuf
-    return best_is_protobuf and best_q > 0
+def start(
+    settings: Settings, stats: InternalStats
+) -> tuple[MetricReader, Any, tuple[str, int]] | None:
+    """The pull endpoint's reader, server and address; ``None`` when its port is taken.
+
+    A port in use is a fact of the node (another rank, another exporter), not a mistake
+    in the configuration: the process goes on without a pull endpoint (one warning,
+    counted in ``otelgpu.internal.errors``) rather than crash ``instrument()`` on every
+    rank after the first. An address that cannot be bound at all is a configuration error.
+    """
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        from otelgpu.otel.pull_server import start_pull_server
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        from otelgpu.errors import ConfigurationError
+
+        raise ConfigurationError(
+            "exporters",
+            "prometheus",
+            "an installed opentelemetry-exporter-prometheus (pip install 'otelgpu[prometheus]')",
+        ) from exc
+    port = prometheus_port(settings)
+    try:
+        server, _thread = start_pull_server(port, settings.prometheus_host)
+    except OSError as exc:  # port in use, address not local, permission denied ...
+        from otelgpu.errors import ConfigurationError
+
+        if exc.errno == errno.EADDRINUSE:
+            stats.report_error(
+                f"prometheus endpoint {settings.prometheus_host}:{port} (port in use; "
+                "no pull endpoint in this process -- see prometheus_rank_offset)",
+                exc,
+            )
+            return None
+
+        raise ConfigurationError(
+            "prometheus_port",
+            settings.prometheus_port,
+            f"a port that can be bound on {settings.prometheus_host} ({exc.strerror or exc}; "
+            "0 picks a free one; or change prometheus_host)",
+        ) from exc
+    reader = PrometheusMetricReader()
+    host, port = server.server_address[:2]
+    return reader, server, (str(host), int(port))
 
 
-def _gzip_accepted(accept_encoding: str) -> bool:
-    for entry in accept_encoding.split(","):
-        coding, params = _media(entry)
-        if coding == "gzip":
-            try:
-                return float(params.get("q", "1")) > 0
-            except ValueError:
-                return False
-    return False
+def register_sketch_collector(sketch_metrics: Callable[[], Sequence[Metric]], stats: Any) -> Any:
+    """Put the sketch histograms on the pull endpoint (``otelgpu.otel.prometheus``)."""
+    from prometheus_client import REGISTRY
+
+    from otelgpu.otel.prometheus import SketchCollector
+
+    collector = SketchCollector(sketch_metrics, stats)
+    REGISTRY.register(collector)
+    return collector
 
 
-def make_app(registry: CollectorRegistry = REGISTRY) -> WsgiApp:
-    """The endpoint's WSGI app (see the module docstring)."""
-    text_app: WsgiApp = make_wsgi_app(registry)
+def unregister(collector: Any) -> None:
+    """Takes a collector off the pull endpoint (gone already: nothing)."""
+    from prometheus_client import REGISTRY
 
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if (
-            environ.get("REQUEST_METHOD") != "GET"
-            or environ.get("PATH_INFO") == "/favicon.ico"
-            or not wants_protobuf(environ.get("HTTP_ACCEPT") or "")
-        ):
-            return text_app(environ, start_response)
-        params = parse_qs(environ.get("QUERY_STRING", ""))
-        output = prometheus_protobuf.encode(registry, params.get("name[]"))
-        headers = [("Content-Type", prometheus_protobuf.CONTENT_TYPE)]
-        if _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
-            output = gzip.compress(output)
-            headers.append(("Content-Encoding", "gzip"))
-        start_response("200 OK", headers)
-        return [output]
-
-    return app
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    # Daemon request threads: a stuck scraper never holds the process at exit.
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not logged (one line per scrape on stderr otherwise)."""
-
-
-def start_pull_server(
-    port: int, addr: str, registry: CollectorRegistry = REGISTRY
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``registry`` on ``addr:port`` from a daemon thread; raises ``OSError`` when
-    the address cannot be bound. Stop it with ``server.shutdown(); server.server_close()``."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(
-        addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-
-    class Server(_Server):
-        address_family = family  # IPv6 addresses bind too
-
-    server = make_server(
-        str(sockaddr[0]), port, make_app(registry), Server, handler_class=_QuietHandler
-    )
-    thread = threading.Thread(
-        target=server.serve_forever, name="otelgpu-prometheus-endpoint", daemon=True
-    )
-    thread.start()
-    return server, thread
+    with contextlib.suppress(KeyError):  # already gone
+        REGISTRY.unregister(collector)

@@ -21,7 +21,6 @@ removed when a file is started or rotated.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -48,7 +47,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
+from otelgpu.otel.otlp_ids import ids_to_hex
+
 _log = logging.getLogger("otelgpu")
 
 #: Names of recording files (current and rotated) that the directory cap counts.
@@ -169,26 +169,10 @@ def prune_directory(directory: Path, max_bytes: int, keep: Path) -> int:
     return removed
 
 
-def _ids_to_hex(node: Any) -> Any:
-    """OTLP/JSON writes trace/span ids as hex, protobuf's JSON as base64: convert."""
-    if isinstance(node, dict):
-        return {
-            k: (
-                base64.b64decode(v).hex()
-                if k in _ID_KEYS and isinstance(v, str)
-                else _ids_to_hex(v)
-            )
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_ids_to_hex(v) for v in node]
-    return node
-
-
 def to_json_line(message: Message) -> str:
     """One OTLP/JSON line (no trailing newline) for an Export*ServiceRequest."""
     as_dict = json_format.MessageToDict(message, use_integers_for_enums=True)
-    return json.dumps(_ids_to_hex(as_dict), separators=(",", ":"))
+    return json.dumps(ids_to_hex(as_dict), separators=(",", ":"))
 
 
 #: Metrics converted to OTLP/JSON per slice; the GIL is handed back between slices.
@@ -226,7 +210,7 @@ def metrics_json_line(metrics_data: MetricsData) -> str:
         if scopes:
             resources.append({**head, "scopeMetrics": scopes})
     line = {"resourceMetrics": resources} if resources else {}
-    return json.dumps(_ids_to_hex(line), separators=(",", ":"))
+    return json.dumps(ids_to_hex(line), separators=(",", ":"))
 
 
 def read_recording(path: str | os.PathLike[str]) -> Iterator[Message]:

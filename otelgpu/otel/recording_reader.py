@@ -20,7 +20,7 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
 from google.protobuf.message import Message  # type: ignore[import-untyped]
@@ -31,6 +31,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otelgpu.errors import CorruptDataError
+from otelgpu.otel.otlp_ids import ids_to_base64
 
 #: Longest line read (bytes). otelgpu writes one export request per line; a metric export of
 #: 1,000 series times a few dozen metrics is a few MiB.
@@ -38,7 +39,6 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 #: Unreadable bytes in a row after which a stream is abandoned as "not a recording".
 MAX_GARBAGE_BYTES = 256 * 1024 * 1024
 _CHUNK = 1 << 20
-_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 _KINDS = (
     ("resourceSpans", ExportTraceServiceRequest),
     ("resourceMetrics", ExportMetricsServiceRequest),
@@ -61,24 +61,6 @@ class ReadStats:
         self.abandoned.append(reason)
 
 
-def _ids_to_base64(node: Any) -> Any:
-    """OTLP/JSON writes trace/span ids as hex, protobuf's JSON parser wants base64."""
-    import base64
-
-    if isinstance(node, dict):
-        return {
-            k: (
-                base64.b64encode(bytes.fromhex(v)).decode()
-                if k in _ID_KEYS and isinstance(v, str)
-                else _ids_to_base64(v)
-            )
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_ids_to_base64(v) for v in node]
-    return node
-
-
 def parse_line(line: bytes) -> Message | None:
     """The export request on one line, or ``None`` if the line is not one. Never raises."""
     try:
@@ -88,7 +70,7 @@ def parse_line(line: bytes) -> Message | None:
         for key, cls in _KINDS:
             if key in data:
                 message = cls()
-                json_format.ParseDict(_ids_to_base64(data), message)
+                json_format.ParseDict(ids_to_base64(data), message)
                 return message
     except Exception:  # noqa: BLE001 - untrusted input: any failure means "not a message"
         return None

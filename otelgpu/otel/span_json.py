@@ -74,6 +74,17 @@ def _attributes(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     return out
 
 
+def _put_attributes(
+    out: dict[str, Any], attributes: Mapping[str, Any] | None, dropped: int
+) -> None:
+    """``attributes`` and ``droppedAttributesCount`` of ``out``, each only when not empty."""
+    encoded = _attributes(attributes)
+    if encoded:
+        out["attributes"] = encoded
+    if dropped:
+        out["droppedAttributesCount"] = dropped
+
+
 def _flags(parent: Any) -> int:
     return 0x300 if parent is not None and parent.is_remote else 0x100
 
@@ -98,11 +109,7 @@ def span_dict(span: Any) -> dict[str, Any]:
         out["startTimeUnixNano"] = str(span.start_time)
     if span.end_time:
         out["endTimeUnixNano"] = str(span.end_time)
-    attributes = _attributes(span.attributes)
-    if attributes:
-        out["attributes"] = attributes
-    if span.dropped_attributes:
-        out["droppedAttributesCount"] = span.dropped_attributes
+    _put_attributes(out, span.attributes, span.dropped_attributes)
     events = []
     for event in span.events:
         e: dict[str, Any] = {}
@@ -110,11 +117,7 @@ def span_dict(span: Any) -> dict[str, Any]:
             e["timeUnixNano"] = str(event.timestamp)
         if event.name:
             e["name"] = event.name
-        ea = _attributes(event.attributes)
-        if ea:
-            e["attributes"] = ea
-        if event.dropped_attributes:
-            e["droppedAttributesCount"] = event.dropped_attributes
+        _put_attributes(e, event.attributes, event.dropped_attributes)
         events.append(e)
     if events:
         out["events"] = events
@@ -126,11 +129,7 @@ def span_dict(span: Any) -> dict[str, Any]:
             "traceId": format(link.context.trace_id, "032x"),
             "spanId": format(link.context.span_id, "016x"),
         }
-        la = _attributes(link.attributes)
-        if la:
-            d["attributes"] = la
-        if link.dropped_attributes:
-            d["droppedAttributesCount"] = link.dropped_attributes
+        _put_attributes(d, link.attributes, link.dropped_attributes)
         d["flags"] = _flags(link.context)
         links.append(d)
     if links:

@@ -16,37 +16,28 @@ throttled clocks highlighted); the phase breakdown; CDFs of every duration sketc
 (request latency, TTFT, time per token, queue, step time) computed from the exported
 sketches; per-GPU timelines (utilization, tensor activity, memory watermark, power,
 temperature, throttling); stragglers and other diagnosis findings; energy per token.
+The plots themselves are built in ``figures``; this module lays out the page.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from otelgpu.report import analysis as A
 from otelgpu.report import compare as C
-from otelgpu.report.model import Run
-
-#: CDF resolution: quantiles evaluated per sketch.
-CDF_POINTS = 200
-MAX_EVENT_MARKERS = 200
-
-PALETTE = (
-    "#4C78A8",
-    "#F58518",
-    "#54A24B",
-    "#E45756",
-    "#72B7B2",
-    "#B279A2",
-    "#FF9DA6",
-    "#9D755D",
-    "#BAB0AC",
-    "#EECA3B",
+from otelgpu.report.figures import (
+    MAX_EVENT_MARKERS,
+    cdf_figure,
+    esc,
+    fmt_ms,
+    gpu_figure,
+    latency_figure,
+    phase_figure,
+    step_time_figure,
 )
-EVENT_COLOR = "#E45756"
+from otelgpu.report.model import Run
 
 CSS = """
 :root { color-scheme: light dark; --bg:#ffffff; --fg:#1d2330; --muted:#5b6474; --card:#f4f6fa;
@@ -132,290 +123,6 @@ def plotly_js() -> str:
     return str(get_plotlyjs())
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1e3:.1f} ms" if math.isfinite(v) else "n/a"
-
-
-def _layout(title: str, **extra: Any) -> dict[str, Any]:
-    layout: dict[str, Any] = {
-        "title": {"text": title, "x": 0.01, "font": {"size": 15}},
-        "margin": {"l": 64, "r": 20, "t": 84, "b": 48},
-        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
-        "hovermode": "closest",
-    }
-    layout.update(extra)
-    return layout
-
-
-# --------------------------------------------------------------------------- figures
-def step_time_figure(run: Run) -> dict[str, Any] | None:
-    if not run.steps:
-        return None
-    normal = [r for r in run.steps if not (r.attributes.get("otelgpu.gpu.throttled_fraction") or 0)]
-    throttled = [r for r in run.steps if r.attributes.get("otelgpu.gpu.throttled_fraction")]
-    data: list[dict[str, Any]] = [
-        {
-            "type": "scatter",
-            "mode": "markers",
-            "name": "step",
-            "x": [round(r.end_s, 4) for r in normal],
-            "y": [round(r.duration_s * 1e3, 3) for r in normal],
-            "marker": {"size": 5, "color": PALETTE[0]},
-            "hovertemplate": "t=%{x:.2f}s<br>%{y:.1f} ms<extra>step</extra>",
-        }
-    ]
-    if throttled:
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": "step, GPU throttled",
-                "x": [round(r.end_s, 4) for r in throttled],
-                "y": [round(r.duration_s * 1e3, 3) for r in throttled],
-                "marker": {"size": 6, "color": PALETTE[1], "symbol": "diamond"},
-                "hovertemplate": "t=%{x:.2f}s<br>%{y:.1f} ms<extra>throttled</extra>",
-            }
-        )
-    n = len(run.steps)
-    if n >= 10:
-        # median of the k steps around each point (k ~ n/20), at most ~400 points
-        half = max(2, n // 40)
-        stride = max(1, n // 400)
-        xs, ys = [], []
-        for i in range(0, n, stride):
-            chunk = sorted(r.duration_s for r in run.steps[max(0, i - half) : i + half + 1])
-            xs.append(round(run.steps[i].end_s, 4))
-            ys.append(round(chunk[len(chunk) // 2] * 1e3, 3))
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": "rolling median",
-                "x": xs,
-                "y": ys,
-                "line": {"color": PALETTE[2], "width": 2},
-            }
-        )
-    layout = _layout("Step time over time (GPU events marked)", height=420)
-    layout["xaxis"] = {"title": {"text": "time since start (s)"}}
-    # log scale: a slow first step (worker start-up) or a checkpoint must not flatten the rest
-    layout["yaxis"] = {"title": {"text": "step time (ms, log scale)"}, "type": "log"}
-    _mark_events(run, data, layout, y_top=max(r.duration_s for r in run.steps) * 1e3 * 1.3)
-    return {"data": data, "layout": layout}
-
-
-def _mark_events(
-    run: Run, data: list[dict[str, Any]], layout: dict[str, Any], y_top: float
-) -> None:
-    events = run.gpu_events[:MAX_EVENT_MARKERS]
-    if not events:
-        return
-    layout["shapes"] = [
-        {
-            "type": "line",
-            "xref": "x",
-            "yref": "paper",
-            "x0": round(e.time_s, 4),
-            "x1": round(e.time_s, 4),
-            "y0": 0,
-            "y1": 1,
-            "line": {"color": EVENT_COLOR, "width": 1.5, "dash": "dot"},
-        }
-        for e in events
-    ]
-    data.append(
-        {
-            "type": "scatter",
-            "mode": "markers+text",
-            "name": "GPU events",
-            "x": [round(e.time_s, 4) for e in events],
-            "y": [round(y_top, 3)] * len(events),
-            "text": [e.kind for e in events],
-            "textposition": "top center",
-            "marker": {"size": 11, "color": EVENT_COLOR, "symbol": "x"},
-            "customdata": [f"{e.detail} on {e.uuid[:16]}" for e in events],
-            "hovertemplate": "%{text} at %{x:.2f}s<br>%{customdata}<extra></extra>",
-        }
-    )
-
-
-def phase_figure(run: Run) -> dict[str, Any] | None:
-    phases = [p for p in A.phase_shares(run) if p[2] >= 0.005]
-    if not phases:
-        return None
-    data = [
-        {
-            "type": "bar",
-            "orientation": "h",
-            "name": phase,
-            "y": ["step time"],
-            "x": [round(share * 100, 2)],
-            "text": [f"{phase} {share * 100:.0f} %"],
-            "textposition": "inside",
-            "marker": {"color": PALETTE[i % len(PALETTE)]},
-            "hovertemplate": f"{phase}: %{{x:.1f}} % ({seconds:.2f} s)<extra></extra>",
-        }
-        for i, (phase, seconds, share) in enumerate(phases)
-    ]
-    layout = _layout("Where step time went (phases)", barmode="stack", height=220)
-    layout["xaxis"] = {"title": {"text": "share of step time (%)"}, "range": [0, 100]}
-    layout["yaxis"] = {"showticklabels": False}
-    return {"data": data, "layout": layout}
-
-
-def _cdf(sketch: Any) -> tuple[list[float], list[float]]:
-    qs = [i / CDF_POINTS for i in range(1, CDF_POINTS)]
-    values = sketch.quantiles(qs)
-    return [round(v * 1e3, 4) for v in values], [round(q, 4) for q in qs]
-
-
-def cdf_figure(
-    sketches: Sequence[tuple[str, Any]], title: str, *, dash: Sequence[str] = ()
-) -> dict[str, Any] | None:
-    data = []
-    for i, (name, sketch) in enumerate(sketches):
-        if sketch is None or not sketch.count:
-            continue
-        x, y = _cdf(sketch)
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "name": f"{name} (n={sketch.count})",
-                "x": x,
-                "y": y,
-                "line": {
-                    "color": PALETTE[(i // 2 if dash else i) % len(PALETTE)],
-                    "width": 2,
-                    "dash": dash[i % len(dash)] if dash else "solid",
-                },
-                "hovertemplate": "%{x:.2f} ms<br>q=%{y:.3f}<extra>" + _esc(name) + "</extra>",
-            }
-        )
-    if not data:
-        return None
-    layout = _layout(title, height=420)
-    layout["xaxis"] = {"title": {"text": "ms (log scale)"}, "type": "log"}
-    layout["yaxis"] = {"title": {"text": "fraction ≤ x"}, "range": [0, 1]}
-    return {"data": data, "layout": layout}
-
-
-_DURATIONS = (
-    ("request latency", "gen_ai.server.request.duration"),
-    ("time to first token", "gen_ai.server.time_to_first_token"),
-    ("time per output token", "gen_ai.server.time_per_output_token"),
-    ("queue", "otelgpu.inference.queue.duration"),
-    ("step time", "otelgpu.train.step.duration"),
-    ("data wait", "otelgpu.train.data.wait.duration"),
-)
-
-
-def latency_figure(run: Run) -> dict[str, Any] | None:
-    return cdf_figure(
-        [(label, run.merged_sketch(name)) for label, name in _DURATIONS],
-        "CDFs from the exported sketches",
-    )
-
-
-_GPU_ROWS: tuple[tuple[str, str, float, dict[str, Any] | None], ...] = (
-    ("utilization (%)", "hw.gpu.utilization", 100.0, {"hw.gpu.task": "general"}),
-    ("tensor activity (%)", "<tensor>", 100.0, {"otelgpu.gpu.tensor.pipe": "any"}),
-    ("memory watermark (GiB)", "otelgpu.gpu.memory.watermark", 1 / 2**30, None),
-    ("power (W)", "hw.power", 1.0, None),
-    ("temperature (°C)", "hw.temperature", 1.0, None),
-    (
-        "throttled (%)",
-        "otelgpu.gpu.throttle.fraction",
-        100.0,
-        {"otelgpu.gpu.throttle.reason": "any"},
-    ),
-)
-
-
-def gpu_figure(run: Run) -> dict[str, Any] | None:
-    uuids = run.gpus()
-    if not uuids:
-        return None
-    tensor = A.tensor_gauges(run)
-    rows = []
-    for label, name, scale, where in _GPU_ROWS:
-        metric = tensor[0] if name == "<tensor>" and tensor else name
-        per_gpu = [s for s in run.gauge_series(metric) if "hw.id" in s.attributes]
-        # the filtered series (general task, any tensor pipe) when the feed has them
-        series = [
-            s
-            for s in per_gpu
-            if not (where and any(s.attributes.get(k) != v for k, v in where.items()))
-        ] or [s for s in per_gpu if not (where and any(k in s.attributes for k in where))]
-        if series:
-            rows.append((label, scale, series))
-    if not rows:
-        return None
-    n = len(rows)
-    gap = 0.04
-    height = (1 - gap * (n - 1)) / n
-    layout = _layout("Per-GPU timelines", height=150 * n + 140, showlegend=True)
-    layout["margin"] = dict(layout["margin"], t=100)
-    data: list[dict[str, Any]] = []
-    names = run.gpu_names()
-    for r, (label, scale, series) in enumerate(rows):
-        axis = "" if r == 0 else str(r + 1)
-        top = 1 - r * (height + gap)
-        layout[f"yaxis{axis}"] = {
-            "domain": [round(top - height, 4), round(top, 4)],
-            "title": {"text": label, "font": {"size": 11}},
-            "rangemode": "tozero",
-        }
-        xaxis: dict[str, Any] = {"anchor": f"y{axis}", "showticklabels": r == n - 1}
-        if r:
-            xaxis["matches"] = "x"
-        if r == n - 1:
-            xaxis["title"] = {"text": "time since start (s)"}
-        layout[f"xaxis{axis}"] = xaxis
-        for s in series:
-            uuid = str(s.attributes["hw.id"])
-            g = uuids.index(uuid) if uuid in uuids else 0
-            data.append(
-                {
-                    "type": "scatter",
-                    "mode": "lines+markers",
-                    "name": f"GPU {g} {uuid[:12]}",
-                    "legendgroup": uuid,
-                    "showlegend": r == 0,
-                    "x": [round(t, 3) for t, _ in s.points],
-                    "y": [round(v * scale, 3) for _, v in s.points],
-                    "xaxis": f"x{axis}",
-                    "yaxis": f"y{axis}",
-                    "line": {"color": PALETTE[g % len(PALETTE)], "width": 1.5},
-                    "marker": {"size": 3},
-                    "hovertemplate": f"GPU {g} {_esc(names.get(uuid, ''))}<br>"
-                    + "t=%{x:.1f}s: %{y:.1f}<extra>"
-                    + _esc(label)
-                    + "</extra>",
-                }
-            )
-    events = run.gpu_events[:MAX_EVENT_MARKERS]
-    if events:
-        layout["shapes"] = [
-            {
-                "type": "line",
-                "xref": "x",
-                "yref": "paper",
-                "x0": round(e.time_s, 4),
-                "x1": round(e.time_s, 4),
-                "y0": 0,
-                "y1": 1,
-                "line": {"color": EVENT_COLOR, "width": 1, "dash": "dot"},
-            }
-            for e in events
-        ]
-    return {"data": data, "layout": layout}
-
-
 # --------------------------------------------------------------------------- page parts
 def _verdict_class(label: str) -> str:
     if label in ("SERVING OK", "STEPS") or "OK" in label:
@@ -428,14 +135,14 @@ def _verdict_class(label: str) -> str:
 def _verdicts_html(run: Run) -> str:
     parts = []
     for v in A.verdicts(run):
-        evidence = "".join(f"<li>{_esc(e)}</li>" for e in v.evidence)
+        evidence = "".join(f"<li>{esc(e)}</li>" for e in v.evidence)
         source = (
             "written by the diagnosis" if v.source == "recorded" else "derived from the recording"
         )
         parts.append(
             f'<div class="card verdict {_verdict_class(v.label)}">'
-            f'<div class="label">{_esc(v.label)}</div><div>{_esc(v.headline)}</div>'
-            + (f'<div class="muted">{_esc(v.advice)}</div>' if v.advice else "")
+            f'<div class="label">{esc(v.label)}</div><div>{esc(v.headline)}</div>'
+            + (f'<div class="muted">{esc(v.advice)}</div>' if v.advice else "")
             + (f"<ul>{evidence}</ul>" if evidence else "")
             + f'<div class="muted" style="font-size:11px">{source}</div></div>'
         )
@@ -443,7 +150,9 @@ def _verdicts_html(run: Run) -> str:
 
 
 def _kpi(label: str, value: str) -> str:
-    return f'<div class="kpi"><div class="v">{_esc(value)}</div><div class="k">{_esc(label)}</div></div>'
+    return (
+        f'<div class="kpi"><div class="v">{esc(value)}</div><div class="k">{esc(label)}</div></div>'
+    )
 
 
 def _kpis_html(run: Run) -> str:
@@ -455,7 +164,7 @@ def _kpis_html(run: Run) -> str:
             kpis.append(
                 _kpi(
                     "step time p50 / p99",
-                    f"{_ms(t.step_quantiles[0])} / {_ms(t.step_quantiles[2])}",
+                    f"{fmt_ms(t.step_quantiles[0])} / {fmt_ms(t.step_quantiles[2])}",
                 )
             )
         if t.samples_per_s:
@@ -469,9 +178,11 @@ def _kpis_html(run: Run) -> str:
         kpis.append(_kpi("requests", f"{i.requests:,}"))
         kpis.append(_kpi("error rate", f"{i.error_rate * 100:.1f} %"))
         if i.latency:
-            kpis.append(_kpi("latency p50 / p99", f"{_ms(i.latency[0])} / {_ms(i.latency[2])}"))
+            kpis.append(
+                _kpi("latency p50 / p99", f"{fmt_ms(i.latency[0])} / {fmt_ms(i.latency[2])}")
+            )
         if i.ttft:
-            kpis.append(_kpi("TTFT p50 / p99", f"{_ms(i.ttft[0])} / {_ms(i.ttft[2])}"))
+            kpis.append(_kpi("TTFT p50 / p99", f"{fmt_ms(i.ttft[0])} / {fmt_ms(i.ttft[2])}"))
         if i.joules_per_output_token:
             kpis.append(_kpi("energy / output token", f"{i.joules_per_output_token:.2f} J"))
             kpis.append(_kpi("output tokens / J", f"{1 / i.joules_per_output_token:,.2f}"))
@@ -491,7 +202,7 @@ def _gpu_table(run: Run) -> str:
 
         rows.append(
             "<tr>"
-            f"<td>GPU {n}</td><td>{_esc(g.name)}</td><td><code>{_esc(g.uuid[:20])}</code></td>"
+            f"<td>GPU {n}</td><td>{esc(g.name)}</td><td><code>{esc(g.uuid[:20])}</code></td>"
             f'<td class="num">{pct(g.utilization_mean)}</td>'
             f'<td class="num">{pct(g.tensor_activity_mean)}</td>'
             f'<td class="num">{"n/a" if g.memory_peak_bytes is None else f"{g.memory_peak_bytes / 2**30:.1f} GiB"}</td>'
@@ -499,7 +210,7 @@ def _gpu_table(run: Run) -> str:
             f'<td class="num">{"n/a" if g.temperature_max_c is None else f"{g.temperature_max_c:.0f} °C"}</td>'
             f'<td class="num">{pct(g.throttle_share)}</td>'
             f'<td class="num">{"n/a" if g.energy_j is None else f"{g.energy_j:,.0f} J"}</td>'
-            f"<td>{_esc(', '.join(f'{k} x{v}' for k, v in sorted(g.events.items())) or '-')}</td>"
+            f"<td>{esc(', '.join(f'{k} x{v}' for k, v in sorted(g.events.items())) or '-')}</td>"
             "</tr>"
         )
     head = (
@@ -515,8 +226,8 @@ def _events_html(run: Run) -> str:
     if not run.gpu_events:
         return '<p class="muted">No GPU health events.</p>'
     items = "".join(
-        f'<li class="gpu-event">{e.time_s:.2f} s — <b>{_esc(e.kind)}</b> {_esc(e.detail)} '
-        f"on <code>{_esc(e.uuid)}</code></li>"
+        f'<li class="gpu-event">{e.time_s:.2f} s — <b>{esc(e.kind)}</b> {esc(e.detail)} '
+        f"on <code>{esc(e.uuid)}</code></li>"
         for e in run.gpu_events[:MAX_EVENT_MARKERS]
     )
     return f'<ul class="events">{items}</ul>'
@@ -531,8 +242,8 @@ def _findings_html(run: Run) -> str:
             "(single process, or diagnosis not enabled).</p>"
         )
     rows = "".join(
-        f"<tr><td class=num>{f.time_s:.1f} s</td><td>{_esc(f.name)}</td>"
-        f"<td>{_esc(f.body or ', '.join(f'{k}={v}' for k, v in sorted(f.attributes.items())))}</td></tr>"
+        f"<tr><td class=num>{f.time_s:.1f} s</td><td>{esc(f.name)}</td>"
+        f"<td>{esc(f.body or ', '.join(f'{k}={v}' for k, v in sorted(f.attributes.items())))}</td></tr>"
         for f in (stragglers + other)[:200]
     )
     return f"<table><tr><th class=num>time</th><th>finding</th><th>detail</th></tr>{rows}</table>"
@@ -547,8 +258,8 @@ def _distributions_html(run: Run) -> str:
         scale, unit = (1e3, "ms") if s.unit == "s" else (1.0, s.unit)
         cells = "".join(f'<td class="num">{v * scale:.2f}</td>' for v in qs)
         rows.append(
-            f"<tr><td>{_esc(s.name)}</td><td class=muted>{_esc(s.label)}</td>"
-            f'<td class="num">{s.sketch.count}</td>{cells}<td>{_esc(unit)}</td></tr>'
+            f"<tr><td>{esc(s.name)}</td><td class=muted>{esc(s.label)}</td>"
+            f'<td class="num">{s.sketch.count}</td>{cells}<td>{esc(unit)}</td></tr>'
         )
     head = "<tr><th>metric</th><th>series</th><th class=num>n</th><th class=num>p50</th><th class=num>p95</th><th class=num>p99</th><th>unit</th></tr>"
     return f"<table>{head}{''.join(rows)}</table>"
@@ -559,9 +270,9 @@ def _page(title: str, subtitle: str, body: str, figures: dict[str, dict[str, Any
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         '<meta name=viewport content="width=device-width, initial-scale=1">'
-        f"<title>{_esc(title)}</title><style>{CSS}</style>"
+        f"<title>{esc(title)}</title><style>{CSS}</style>"
         f"<script>{plotly_js()}</script></head><body><main>"
-        f"<h1>{_esc(title)}</h1><div class=muted>{subtitle}</div>{body}"
+        f"<h1>{esc(title)}</h1><div class=muted>{subtitle}</div>{body}"
         "<footer>otelgpu report · self-contained (plots by plotly.js, inlined) · "
         "light and dark themes follow your system</footer></main>"
         f'<script type="application/json" id="otelgpu-figures">{figures_json}</script>'
@@ -570,7 +281,7 @@ def _page(title: str, subtitle: str, body: str, figures: dict[str, dict[str, Any
 
 
 def _section(title: str, content: str) -> str:
-    return f"<section><h2>{_esc(title)}</h2>{content}</section>"
+    return f"<section><h2>{esc(title)}</h2>{content}</section>"
 
 
 def _plot_div(plot_id: str, figures: dict[str, Any], figure: dict[str, Any] | None) -> str:
@@ -610,7 +321,7 @@ def render(run: Run) -> str:
     body.append(_section("Stragglers and diagnosis findings", _findings_html(run)))
     body.append(_section("All distributions", _distributions_html(run)))
     gpus = run.gpus()
-    subtitle = _esc(
+    subtitle = esc(
         f"{', '.join(p.rsplit('/', 1)[-1] for p in run.paths)} · {len(run.processes)} process(es)"
         f" · {len(gpus)} GPU(s) · {run.end_s:.1f} s recorded"
     )
@@ -634,9 +345,9 @@ def render_comparison(run_a: Run, run_b: Run, comparison: C.Comparison) -> str:
             or "<td></td><td></td><td></td>"
         )
         rows.append(
-            f'<tr class="metric-row" data-verdict="{_esc(verdict)}"><td>{_esc(m.name)}</td>'
-            f"<td class=muted>{_esc(m.label)}</td><td class=num>{m.count_a}→{m.count_b}</td>"
-            f'{cells}<td>{_esc(unit)}</td><td><span class="badge {badge_class}">{_esc(verdict)}</span></td></tr>'
+            f'<tr class="metric-row" data-verdict="{esc(verdict)}"><td>{esc(m.name)}</td>'
+            f"<td class=muted>{esc(m.label)}</td><td class=num>{m.count_a}→{m.count_b}</td>"
+            f'{cells}<td>{esc(unit)}</td><td><span class="badge {badge_class}">{esc(verdict)}</span></td></tr>'
         )
     head = (
         "<tr><th>metric</th><th>series</th><th class=num>n (A→B)</th><th class=num>p50</th>"
@@ -644,8 +355,8 @@ def render_comparison(run_a: Run, run_b: Run, comparison: C.Comparison) -> str:
     )
     table = f"<table>{head}{''.join(rows)}</table>"
     ctx = "".join(
-        f"<tr><td>{_esc(w)}</td><td class=num>{_esc(a)}</td><td class=num>{_esc(b)}</td>"
-        f"<td class=num>{_esc(d)}</td></tr>"
+        f"<tr><td>{esc(w)}</td><td class=num>{esc(a)}</td><td class=num>{esc(b)}</td>"
+        f"<td class=num>{esc(d)}</td></tr>"
         for w, a, b, d in comparison.context
     )
     ctx_table = (
@@ -682,5 +393,5 @@ def render_comparison(run_a: Run, run_b: Run, comparison: C.Comparison) -> str:
         + _section("GPU context", ctx_table)
         + _section("CDFs (A solid, B dashed)", plots)
     )
-    subtitle = _esc(f"A = {', '.join(run_a.paths)} · B = {', '.join(run_b.paths)}")
+    subtitle = esc(f"A = {', '.join(run_a.paths)} · B = {', '.join(run_b.paths)}")
     return _page("otelgpu run comparison", subtitle, body, figures)

@@ -11,19 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from otelgpu import _values
-from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics import catalog
-from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.counters import LocalCounter
 from otelgpu.otel.sketches import SketchHistogram, freeze
-from otelgpu.otel.stats import InternalStats
-from otelgpu.runtime.gpu import GpuContext
+from otelgpu.runtime.recorder import Parts, Recorder
 from otelgpu.runtime.records import OUTCOMES, RequestRecord
-from otelgpu.runtime.steps import start_and_finish
 
 #: Most request label sets :meth:`RequestRecorder._labels` keeps.
 _LABEL_CACHE_SIZE = 256
@@ -109,28 +104,20 @@ def _add(counter: LocalCounter, amount: int, attributes: Mapping[str, Any], key:
         counter.add_frozen(amount, key, attributes)
 
 
-class RequestRecorder:
+class RequestRecorder(Recorder[RequestRecord]):
     """Turns :class:`RequestRecord` rows into spans and metrics.
 
     Args:
+        parts: the runtime's pieces.
         attribute_value_length_limit: string values of metric attributes and the model
             name in the span name are cut to this many characters.
     """
 
-    def __init__(
-        self,
-        tracer: trace.Tracer,
-        instrument: Callable[[MetricSpec], Any],
-        gpu: GpuContext,
-        stats: InternalStats,
-        *,
-        attribute_value_length_limit: int,
-        work: WorkAccounting | None = None,
-    ) -> None:
-        self._tracer = tracer
-        self._work = work or WorkAccounting(instrument, gpu.device_names)
-        self._gpu = gpu
-        self._stats = stats
+    where = "record_request"
+
+    def __init__(self, parts: Parts, *, attribute_value_length_limit: int) -> None:
+        super().__init__(parts)
+        instrument = parts.instrument
         self._limit = attribute_value_length_limit
         #: Called with (span, duration s, TTFT s or None) for each successful request,
         #: before its span ends (``otelgpu.diagnosis.serving``: latency drift).
@@ -219,13 +206,8 @@ class RequestRecorder:
                     span_attrs["gen_ai.response.id"] = record.response_id
                 if record.response_model is not None:
                     span_attrs["gen_ai.response.model"] = record.response_model
-                if attributes:
-                    span_attrs.update(attributes)
-                span_attrs.update(context)
-                span_attrs.update(work)
-                span.set_attributes(span_attrs)
-                if gpu.sampler is not None:
-                    gpu.add_events(span, start_ns, end_ns, devices)
+                window = (start_ns, end_ns, devices)
+                self._annotate(span, span_attrs, attributes, context, work, window)
                 if record.exception is not None:
                     span.record_exception(record.exception)
                 if outcome != "ok":
@@ -250,10 +232,6 @@ class RequestRecorder:
             self._stats.report_error("request", exc)
         finally:
             span.end(end_time=end_ns)
-
-    def record(self, record: RequestRecord) -> Span:
-        """Span and metrics of a finished request; returns the (ended) span. Never raises."""
-        return start_and_finish(self, record, self._stats, "record_request")
 
     def _labels(
         self,

@@ -9,43 +9,14 @@ never raise.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otelgpu import _values
-from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics import catalog
-from otelgpu.metrics.spec import MetricSpec
-from otelgpu.otel.stats import InternalStats
-from otelgpu.runtime.gpu import GpuContext
+from otelgpu.runtime.recorder import Parts, Recorder
 from otelgpu.runtime.records import StepRecord
-
-_INVALID_SPAN = trace.INVALID_SPAN
-
-_R_contra = TypeVar("_R_contra", contravariant=True)
-
-
-class _Recorder(Protocol[_R_contra]):
-    def start_span(self, record: _R_contra) -> Span: ...
-
-    def finish(self, span: Span, record: _R_contra) -> None: ...
-
-
-def start_and_finish(
-    recorder: _Recorder[_R_contra], record: _R_contra, stats: InternalStats, where: str
-) -> Span:
-    """``recorder``'s span for ``record``, finished and returned; never raises (an error is
-    counted at ``where`` and a non-recording span returned)."""
-    try:
-        span = recorder.start_span(record)
-    except Exception as exc:  # noqa: BLE001 - hot path
-        stats.report_error(where, exc)
-        return _INVALID_SPAN
-    recorder.finish(span, record)
-    return span
 
 
 def step_attributes(
@@ -64,21 +35,14 @@ def step_attributes(
     return attrs
 
 
-class StepRecorder:
+class StepRecorder(Recorder[StepRecord]):
     """Turns :class:`StepRecord` rows into spans and metrics."""
 
-    def __init__(
-        self,
-        tracer: trace.Tracer,
-        instrument: Callable[[MetricSpec], Any],
-        gpu: GpuContext,
-        stats: InternalStats,
-        work: WorkAccounting | None = None,
-    ) -> None:
-        self._tracer = tracer
-        self._work = work or WorkAccounting(instrument, gpu.device_names)
-        self._gpu = gpu
-        self._stats = stats
+    where = "record_step"
+
+    def __init__(self, parts: Parts) -> None:
+        super().__init__(parts)
+        instrument = parts.instrument
         self._numbers = itertools.count(1)
         self.duration = instrument(catalog.TRAIN_STEP_DURATION)
         self._steps = instrument(catalog.TRAIN_STEPS)
@@ -133,13 +97,7 @@ class StepRecorder:
             )
             if recording:  # an unsampled span gets no attribute dict built
                 attrs = step_attributes(duration_s, step, samples, tokens)
-                if attributes:
-                    attrs.update(attributes)
-                attrs.update(context)
-                attrs.update(work)
-                span.set_attributes(attrs)
-                if gpu.sampler is not None:
-                    gpu.add_events(span, start_ns, end_ns, devices)
+                self._annotate(span, attrs, attributes, context, work, (start_ns, end_ns, devices))
                 failed = record.failed
                 if failed is not None:
                     span.record_exception(failed)
@@ -156,7 +114,3 @@ class StepRecorder:
             self._stats.report_error("step", exc)
         finally:
             span.end(end_time=end_ns)
-
-    def record(self, record: StepRecord) -> Span:
-        """Span and metrics of a finished step; returns the (ended) span. Never raises."""
-        return start_and_finish(self, record, self._stats, "record_step")

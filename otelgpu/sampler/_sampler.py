@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from otelgpu._fork import after_fork_in_child
 from otelgpu.errors import ConfigurationError
 from otelgpu.nvml import DeviceInfo, DeviceSpec, NvmlUnavailableError, discover, library_path
 from otelgpu.sampler import _fields as F
@@ -215,15 +216,7 @@ class BaseGpuSampler:
         # A sampler dropped without close() must not leave its threads sampling forever;
         # the finalizer holds the core only (the threads reference the core, not self).
         self._finalizer = weakref.finalize(self, _finalize_core, self._core)
-        if hasattr(os, "register_at_fork"):
-            weak = weakref.WeakMethod(self._after_fork_in_child)
-
-            def _after_in_child() -> None:
-                method = weak()
-                if method is not None:
-                    method()
-
-            os.register_at_fork(after_in_child=_after_in_child)
+        after_fork_in_child(self._after_fork_in_child)
 
     # ---- configuration and state --------------------------------------------
 

@@ -168,12 +168,12 @@ def _train_step(model: Any, opt: Any, x: Any) -> None:
 def test_instrumented_loop_gets_gpu_comm_and_step_time(
     runtime: Any, group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from otelgpu.instrumentation.torch import TorchInstrumentor, _telemetry, flush
+    from otelgpu.instrumentation.torch import TorchInstrumentor, _step_queue, flush
     from otelgpu.instrumentation.torch import _names as N
 
     # Spans are made at flush(): a background drain during the loop would find the
     # GPU behind and (correctly) leave the attribute out, which is tested on CPU.
-    monkeypatch.setattr(_telemetry, "WORKER_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(_step_queue, "WORKER_INTERVAL_S", 3600.0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048)

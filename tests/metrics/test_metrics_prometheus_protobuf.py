@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import otelgpu
 from otelgpu.otel import histogram_rule, prometheus_protobuf
 from otelgpu.otel.prometheus import SketchCollector
-from otelgpu.otel.pull_endpoint import wants_protobuf
+from otelgpu.otel.pull_server import wants_protobuf
 from otelgpu.otel.stats import InternalStats
 from otelgpu.runtime.records import RequestRecord, StepRecord
 from otelgpu.sketch import QuantileSketch

@@ -28,7 +28,7 @@ import pytest
 
 import otelgpu
 from otelgpu._settings import resolve
-from otelgpu.otel import providers
+from otelgpu.otel import pull_endpoint
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
@@ -225,12 +225,12 @@ def test_pipeline_shutdown_delivers_everything_to_a_live_collector(otlp_receiver
 # ------------------------------------------------------------------ Prometheus per rank
 def test_pipeline_prometheus_port_rule() -> None:
     s = resolve({"prometheus_port": 9464}, {})
-    assert providers.prometheus_port(s, {"LOCAL_RANK": "3"}) == 9467
-    assert providers.prometheus_port(s, {}) == 9464
+    assert pull_endpoint.prometheus_port(s, {"LOCAL_RANK": "3"}) == 9467
+    assert pull_endpoint.prometheus_port(s, {}) == 9464
     off = resolve({"prometheus_port": 9464, "prometheus_rank_offset": False}, {})
-    assert providers.prometheus_port(off, {"LOCAL_RANK": "3"}) == 9464
+    assert pull_endpoint.prometheus_port(off, {"LOCAL_RANK": "3"}) == 9464
     free = resolve({"prometheus_port": 0}, {})
-    assert providers.prometheus_port(free, {"LOCAL_RANK": "3"}) == 0
+    assert pull_endpoint.prometheus_port(free, {"LOCAL_RANK": "3"}) == 0
 
 
 _RANK_SCRIPT = """

@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 from torch.distributed import distributed_c10d as c10d
 
 import otelgpu.instrumentation.torch as torch_inst
-from otelgpu.instrumentation.torch import TorchInstrumentor, _telemetry, flush
+from otelgpu.instrumentation.torch import TorchInstrumentor, _step_queue, flush
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch._config import resolve
 from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer, find_cuda_tensor
-from otelgpu.instrumentation.torch._patch import collective
+from otelgpu.instrumentation.torch._patch_io import collective
 from otelgpu.instrumentation.torch._steps import StepTracker
 from otelgpu.metrics import catalog as C
 
@@ -350,7 +350,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
     monkeypatch.setattr(torch_inst, "torch_cuda_ready", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     # Spans are made on flush() only: no background drain racing the virtual GPU.
-    monkeypatch.setattr(_telemetry, "WORKER_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(_step_queue, "WORKER_INTERVAL_S", 3600.0)
     comm_ms: list[float] = []
 
     def all_reduce(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:

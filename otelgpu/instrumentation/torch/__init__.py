@@ -31,6 +31,7 @@ import atexit
 import importlib.util
 import os
 import sys
+import weakref
 from collections.abc import Collection
 from typing import Any
 
@@ -45,11 +46,12 @@ from otelgpu.instrumentation.torch._cuda_events import (
     torch_cuda_ready,
     torch_event_factory,
 )
-from otelgpu.instrumentation.torch._flops import FlopsCounter, carry_counted_flops
+from otelgpu.instrumentation.torch._flops import FlopsCounter
 from otelgpu.instrumentation.torch._memory import CudaMemory
+from otelgpu.instrumentation.torch._runtime_ref import RuntimeRef
 from otelgpu.instrumentation.torch._session import Session
 from otelgpu.instrumentation.torch._steps import epoch_clock
-from otelgpu.instrumentation.torch._telemetry import Telemetry
+from otelgpu.instrumentation.torch._telemetry import StepObserver, Telemetry
 from otelgpu.instrumentation.torch.package import _instruments
 from otelgpu.runtime.api import RuntimeAPI
 
@@ -114,10 +116,7 @@ def _after_fork_in_child() -> None:
         _set_active(None)  # the parent's run
 
         clear_handlers()
-        active[1].enabled = False
-        active[1].forked = True
-        active[1]._queue.clear()  # the parent's steps; its worker thread did not survive
-        active[1]._worker = None
+        active[1].after_fork()
         active[0].started = False
         for extension in reversed(active[0].extensions):
             extension.undo()
@@ -177,23 +176,37 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         settings = resolve(kwargs)
         runtime: RuntimeAPI | None = kwargs.get("runtime")
         diagnosis_settings = resolve_diagnosis(kwargs)
+        ref = RuntimeRef(None if runtime is None else (lambda: runtime))
+        gpu_timer = _gpu_timer(settings)
+        clock = epoch_clock()
+        ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
+        phases = None
+        observers: list[StepObserver] = []
+        if diagnosis_settings.enabled:
+            from otelgpu.diagnosis.training import TrainingDiagnosis
+            from otelgpu.instrumentation.torch._phases import PhaseHooks
+
+            phases = PhaseHooks(clock, ref)
+            _diagnosis = TrainingDiagnosis(ref.current, diagnosis_settings, phases)
+            observers.append(_diagnosis.observe_step)
+
+        def add_event(name: str, attributes: dict[str, object]) -> None:
+            # The OOM observer is attached at the first probe, once the session exists.
+            session.tracker.add_event(name, attributes)
+
         telemetry = Telemetry(
-            None if runtime is None else (lambda: runtime),
+            ref,
             span_every=settings.span_every,
             flops_per_step=settings.flops_per_step,
             memory_factory=_memory_factory(settings),
+            gpu_timer=gpu_timer,
+            ddp_modules=ddp_modules,
+            add_event=add_event,
+            step_observers=observers,
         )
-        gpu_timer = _gpu_timer(settings)
-        clock = epoch_clock()
-        phases = None
-        if diagnosis_settings.enabled:
-            from otelgpu.instrumentation.torch._phases import PhaseHooks
-
-            phases = PhaseHooks(clock, telemetry)
         counter = None
         if settings.count_flops and settings.flops_per_step is None:  # the setting wins
             counter = FlopsCounter(telemetry, lambda: _rule(session))
-            telemetry.step_observers.append(carry_counted_flops(telemetry))
         session = Session(
             telemetry.step,
             telemetry if phases is None else phases.tee(telemetry),
@@ -204,20 +217,13 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             checkpoints=settings.checkpoints,
             probe=telemetry.probe,
             gpu_timer=gpu_timer,
+            ddp_modules=ddp_modules,
             flops=None if counter is None else counter.step_closed,
         )
         if counter is not None:
             session.extensions.append(counter)
-        telemetry.gpu_timer = gpu_timer
-        telemetry.ddp_modules = session.installation.ddp_modules
-        telemetry.add_event = session.tracker.add_event
-        telemetry.names = session.names
         if phases is not None:
-            from otelgpu.diagnosis.training import TrainingDiagnosis
-
             session.extensions.append(phases)
-            _diagnosis = TrainingDiagnosis(telemetry.runtime, diagnosis_settings, phases)
-            telemetry.step_observers.append(_diagnosis.observe_step)
         _set_active(_diagnosis)
         session.start()
         _active = (session, telemetry)

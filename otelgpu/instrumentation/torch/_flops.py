@@ -52,7 +52,7 @@ from otelgpu.gpu_truth.flops import shape_signature
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._patch import Sink
 
-__all__ = ["MAX_CALLS", "MAX_MEASURES", "MAX_ROOTS", "FlopsCounter", "carry_counted_flops"]
+__all__ = ["MAX_CALLS", "MAX_MEASURES", "MAX_ROOTS", "FlopsCounter"]
 
 _logger = logging.getLogger("otelgpu.torch")
 
@@ -271,20 +271,6 @@ class FlopsCounter:
         for handle in handles:
             handle.remove()
         handles.clear()
-
-
-def carry_counted_flops(telemetry: Any) -> Callable[[Any, Any, Any], None]:
-    """A telemetry step observer that hands each step's counted FLOPs to the runtime.
-
-    The telemetry bridge emits a step with its ``flops_per_step`` right after running its
-    observers on its own thread, so setting it per record there gives each step its own
-    figure (``None``: no MFU for that step). Only installed when no figure is given.
-    """
-
-    def observe(record: Any, fields: Any, events: Any) -> None:
-        telemetry.flops_per_step = record.flops
-
-    return observe
 
 
 _SAFE: dict[type, type] = {}

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from otelgpu.instrumentation.torch import _patch as P
+from otelgpu.instrumentation.torch import _patch_io as IO
 from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer
 from otelgpu.instrumentation.torch._steps import StepTracker
 
@@ -98,6 +99,8 @@ class Installation:
         names: ``id(optimizer)`` → class name, filled by the hooks.
         data, comm, checkpoints: which families to install.
         gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
+        ddp_modules: where the DDP modules built while instrumented are kept (weakly);
+            default a new set.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class Installation:
         comm: bool = True,
         checkpoints: bool = True,
         gpu_timer: CudaEventTimer | None = None,
+        ddp_modules: weakref.WeakSet[Any] | None = None,
     ) -> None:
         self.tracker = tracker
         self.gpu_timer = gpu_timer
@@ -120,7 +124,9 @@ class Installation:
         self._comm = comm
         self._checkpoints = checkpoints
         self._lock = threading.Lock()
-        self.ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.ddp_modules: weakref.WeakSet[Any] = (
+            weakref.WeakSet() if ddp_modules is None else ddp_modules
+        )
         self.installed: list[str] = []
 
     # ------------------------------------------------------------------ torch core
@@ -148,7 +154,7 @@ class Installation:
                 p.wrap(
                     torch,
                     "save",
-                    P.checkpoint_save("torch.save", t, s, P.torch_save_size, only_state=True),
+                    IO.checkpoint_save("torch.save", t, s, IO.torch_save_size, only_state=True),
                 )
                 serialization = getattr(torch, "serialization", None)
                 if serialization is not None:
@@ -158,9 +164,9 @@ class Installation:
     def _install_data(self, torch: Any) -> None:
         dl = importlib.import_module("torch.utils.data.dataloader")
         self.patches.wrap(
-            dl._BaseDataLoaderIter, "__next__", P.dataloader_next(self.tracker, self.sink)
+            dl._BaseDataLoaderIter, "__next__", IO.dataloader_next(self.tracker, self.sink)
         )
-        self.patches.wrap(dl.DataLoader, "__iter__", P.dataloader_iter(self.tracker, self.sink))
+        self.patches.wrap(dl.DataLoader, "__iter__", IO.dataloader_iter(self.tracker, self.sink))
         self.installed.append("dataloader")
 
     def _install_comm(self, torch: Any) -> None:
@@ -173,14 +179,14 @@ class Installation:
             original = getattr(c10d, op, None)
             if original is None:
                 continue
-            wrapper = P.collective(op, t, s, self.gpu_timer)(original)
+            wrapper = IO.collective(op, t, s, self.gpu_timer)(original)
             p.replace(c10d, op, wrapper)
             # torch.distributed re-exports the same function object: patch both names.
             if getattr(dist, op, None) is original:
                 p.replace(dist, op, wrapper)
         work = getattr(c10d, "Work", None)
         if work is not None and hasattr(work, "wait"):
-            p.wrap(work, "wait", P.work_wait(t, s, self.gpu_timer))
+            p.wrap(work, "wait", IO.work_wait(t, s, self.gpu_timer))
         ddp_cls = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
         if ddp_cls is not None:
             p.wrap(ddp_cls, "__init__", self._ddp_init)
@@ -213,7 +219,7 @@ class Installation:
                 original = getattr(module, name, None)
                 if original is None:
                     continue
-                wrapper = P.checkpoint_save("dcp." + name, t, s, P.dcp_save_size)(original)
+                wrapper = IO.checkpoint_save("dcp." + name, t, s, IO.dcp_save_size)(original)
                 p.replace(module, name, wrapper)
                 if saver is not None and getattr(saver, name, None) is original:
                     p.replace(saver, name, wrapper)
@@ -222,12 +228,14 @@ class Installation:
     def install_lightning(self, module: ModuleType) -> None:
         """Lightning's ``Trainer.save_checkpoint`` (``lightning`` or ``pytorch_lightning``)."""
         self._install_trainer_checkpoint(
-            module, "save_checkpoint", "lightning", P.lightning_save_size
+            module, "save_checkpoint", "lightning", IO.lightning_save_size
         )
 
     def install_transformers(self, module: ModuleType) -> None:
         """Hugging Face ``Trainer._save_checkpoint``."""
-        self._install_trainer_checkpoint(module, "_save_checkpoint", "transformers", P.hf_save_size)
+        self._install_trainer_checkpoint(
+            module, "_save_checkpoint", "transformers", IO.hf_save_size
+        )
 
     def _install_trainer_checkpoint(
         self, module: ModuleType, method: str, label: str, size_of: Any
@@ -240,7 +248,7 @@ class Installation:
             self.patches.wrap(
                 trainer,
                 method,
-                P.checkpoint_save(label, self.tracker, self.sink, size_of, method=True),
+                IO.checkpoint_save(label, self.tracker, self.sink, size_of, method=True),
             )
             self.installed.append(label)
 
@@ -263,7 +271,7 @@ class Installation:
             for name in ("DataLoaderShard", "DataLoaderDispatcher"):
                 cls = getattr(module, name, None)
                 if cls is not None and "__iter__" in vars(cls):
-                    self.patches.wrap(cls, "__iter__", P.fetch_ahead_iter(self.tracker, self.sink))
+                    self.patches.wrap(cls, "__iter__", IO.fetch_ahead_iter(self.tracker, self.sink))
             self.installed.append("accelerate")
 
     def register_late(self) -> None:

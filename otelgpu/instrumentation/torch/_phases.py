@@ -33,7 +33,7 @@ from typing import Any
 from otelgpu.diagnosis.phases import Interval, split_step
 from otelgpu.diagnosis.stragglers import COMM_SLOTS
 from otelgpu.instrumentation.torch._gate import GATE
-from otelgpu.instrumentation.torch._patch import Patches, Sink, dynamo_skip
+from otelgpu.instrumentation.torch._patch import ErrorSink, Patches, Sink, dynamo_skip
 from otelgpu.instrumentation.torch._steps import Clock, StepRecord
 
 __all__ = ["PhaseHooks", "TeeSink"]
@@ -95,7 +95,7 @@ class PhaseHooks:
         sink: where our own errors go.
     """
 
-    def __init__(self, clock: Clock, sink: Sink) -> None:
+    def __init__(self, clock: Clock, sink: ErrorSink) -> None:
         self.clock = clock
         self.forward: deque[Interval] = deque(maxlen=RING)
         self.backward: deque[Interval] = deque(maxlen=RING)

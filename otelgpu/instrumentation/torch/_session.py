@@ -8,6 +8,7 @@ restores every patched attribute. Nothing here imports torch at module import ti
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -34,6 +35,8 @@ class Session:
         gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
         flops: model FLOPs of each step that closes (the tracker's ``flops`` source, e.g.
             ``FlopsCounter.step_closed``); errors reported, the step then carries none.
+        ddp_modules: where the DDP modules built while instrumented are kept (weakly);
+            default a new set.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class Session:
         probe: Callable[[], object] | None = None,
         gpu_timer: CudaEventTimer | None = None,
         flops: Callable[[], float | None] | None = None,
+        ddp_modules: weakref.WeakSet[Any] | None = None,
     ) -> None:
         self.sink = sink
         self._probe = probe
@@ -70,6 +74,7 @@ class Session:
             comm=comm,
             checkpoints=checkpoints,
             gpu_timer=gpu_timer,
+            ddp_modules=ddp_modules,
         )
         self.started = False
         #: Extra installers (e.g. the phase hooks): ``install(torch)`` when torch is

@@ -1,0 +1,98 @@
+"""What the step and request recorders share: their collaborators (:class:`Parts`)
+and ``record()``.
+
+A recorder turns one kind of record into a span (``start_span``) and then its
+attributes, GPU context and metrics (``finish``, which ends the span). ``record()`` does
+both and never raises: a failure to start the span is counted at :attr:`Recorder.where`
+and a non-recording span returned. Subclasses are thread-safe.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from otelgpu.gpu_truth.work import WorkAccounting
+from otelgpu.metrics.spec import MetricSpec
+from otelgpu.otel.stats import InternalStats
+from otelgpu.runtime.gpu import GpuContext
+
+__all__ = ["Parts", "Recorder"]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The runtime's pieces a recorder works with.
+
+    Attributes:
+        tracer: where the spans start.
+        instrument: the runtime's idempotent instrument factory.
+        gpu: the GPU context added to spans.
+        stats: where our own errors are counted.
+        work: GPU work accounting (``otelgpu.gpu.work``, MFU).
+    """
+
+    tracer: trace.Tracer
+    instrument: Callable[[MetricSpec], Any]
+    gpu: GpuContext
+    stats: InternalStats
+    work: WorkAccounting
+
+
+class Recorder(abc.ABC, Generic[R]):
+    """Base of :class:`~.steps.StepRecorder` and :class:`~.requests.RequestRecorder`."""
+
+    where: str
+    """The ``otelgpu.internal.errors`` place of a span that could not start."""
+
+    def __init__(self, parts: Parts) -> None:
+        self._tracer = parts.tracer
+        self._work = parts.work
+        self._gpu = parts.gpu
+        self._stats = parts.stats
+
+    @abc.abstractmethod
+    def start_span(self, record: R) -> Span:
+        """A live span for ``record``."""
+
+    @abc.abstractmethod
+    def finish(self, span: Span, record: R) -> None:
+        """Attributes, GPU context and metrics of ``record``; ends ``span``. Never raises."""
+
+    def _annotate(
+        self,
+        span: Span,
+        own: dict[str, Any],
+        attributes: Mapping[str, Any] | None,
+        context: Mapping[str, Any],
+        work: Mapping[str, Any],
+        window: tuple[int, int, Sequence[str] | None],
+    ) -> None:
+        """Sets a recording span's attributes -- the record's ``own``, then the caller's
+        ``attributes``, the GPU ``context`` and ``work`` (later ones win) -- and adds the
+        GPU health events of ``window`` (start ns, end ns, devices) when GPUs are sampled."""
+        if attributes:
+            own.update(attributes)
+        own.update(context)
+        own.update(work)
+        span.set_attributes(own)
+        gpu = self._gpu
+        if gpu.sampler is not None:
+            gpu.add_events(span, *window)
+
+    def record(self, record: R) -> Span:
+        """Span and metrics of a finished record; returns the (ended) span. Never raises."""
+        try:
+            span = self.start_span(record)
+        except Exception as exc:  # noqa: BLE001 - hot path
+            self._stats.report_error(self.where, exc)
+            return trace.INVALID_SPAN
+        self.finish(span, record)
+        return span

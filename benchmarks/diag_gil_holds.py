@@ -150,40 +150,78 @@ def main() -> int:
         )
         time.sleep(0.3)
         clock = time.perf_counter
-        gaps: list[tuple[float, float]] = []
+        gaps: list[tuple[float, float, dict[str, float]]] = []
         load0 = os.getloadavg()[0]
         end = clock() + args.seconds
         limit = args.gap_ms / 1e3
         steps = 0
+        main_ident = threading.get_ident()
+        clocks: dict[str, int] = {}
+        worst_bg: list[tuple[float, dict[str, float]]] = []
+
+        def bg_cpu() -> dict[str, float]:
+            out = {}
+            for t in threading.enumerate():
+                if t.ident is None or t.ident == main_ident:
+                    continue
+                try:
+                    clk = clocks.get(t.name) or time.pthread_getcpuclockid(t.ident)
+                    clocks[t.name] = clk
+                    out[t.name] = time.clock_gettime(clk)
+                except OSError:
+                    continue
+            return out
+
         while clock() < end:
+            before = bg_cpu()
+            step_gaps = []
             cm = otelgpu.step(samples=32) if args.kind == "step" else otelgpu.request(model="m")
             with cm:
                 last = t0 = clock()
                 while True:
                     now = clock()
                     if now - last > limit:
-                        gaps.append((last, now))
+                        step_gaps.append((last, now))
                     last = now
                     if now - t0 > 100e-6:
                         break
+            after = bg_cpu()
+            used = {k: after[k] - before.get(k, after[k]) for k in after}
+            used = {k: v for k, v in used.items() if v > 0}
+            worst_bg.append((sum(used.values()), used))
+            for g0, g1 in step_gaps:
+                gaps.append((g0, g1, used))
             steps += 1
         handle.shutdown()
     finally:
         receiver.kill()
     by_cause: dict[str, list[float]] = defaultdict(list)
-    for g0, g1 in gaps:
-        hits = [iv for iv in INTERVALS if iv[0] < g1 and iv[1] > g0 and iv[4] != "MainThread"]
-        if not hits:
-            by_cause["(unattributed)"].append(g1 - g0)
+    machine = 0
+    for g0, g1, used in gaps:
+        # Load-robust: a gap in which no otelgpu thread used CPU is the machine's (the OS
+        # ran another process); otherwise the thread that used the most CPU caused it.
+        if sum(used.values()) < 0.3 * (g1 - g0):
+            machine += 1
             continue
-        inner = min(hits, key=lambda iv: iv[1] - iv[0])
-        by_cause[f"{inner[3]} [{inner[4]}]"].append(g1 - g0)
+        thread = max(used, key=lambda k: used[k])
+        hits = [iv for iv in INTERVALS if iv[0] < g1 and iv[1] > g0 and iv[4] == thread]
+        label = min(hits, key=lambda iv: iv[1] - iv[0])[3] if hits else "(unwrapped work)"
+        by_cause[f"{label} [{thread}]"].append(used[thread])
     print(
         f"exporter {args.exporter}, {args.kind}, {args.gpus} GPU(s), {steps} steps, "
-        f"{len(gaps)} gaps > {args.gap_ms} ms; load average {load0:.2f} -> "
-        f"{os.getloadavg()[0]:.2f}; native: {otelgpu.NATIVE}"
+        f"{len(gaps)} gaps > {args.gap_ms} ms ({machine} with no otelgpu CPU: the machine); "
+        f"load average {load0:.2f} -> {os.getloadavg()[0]:.2f}; native: {otelgpu.NATIVE}"
     )
-    print(f"{'cause of gap':70} {'gaps':>5} {'max gap ms':>10}")
+    worst_bg.sort(key=lambda x: -x[0])
+    print(
+        "background-thread CPU within one 100 µs step (load-robust pause estimate): "
+        f"max {worst_bg[0][0] * 1e3:.2f} ms, p99 {worst_bg[len(worst_bg) // 100][0] * 1e3:.3f} ms,"
+        f" p99.9 {worst_bg[len(worst_bg) // 1000][0] * 1e3:.3f} ms; worst steps: "
+        + "; ".join(
+            ", ".join(f"{k} {v * 1e3:.2f}" for k, v in used.items()) for _, used in worst_bg[:3]
+        )
+    )
+    print(f"{'cause of gap (by CPU of the thread that ran)':70} {'gaps':>5} {'max cpu ms':>10}")
     for cause, values in sorted(by_cause.items(), key=lambda kv: -max(kv[1])):
         print(f"{cause:70} {len(values):5d} {max(values) * 1e3:10.2f}")
     calls: dict[str, list[tuple[float, float]]] = defaultdict(list)

@@ -171,6 +171,11 @@ class GuardedSpanExporter(SpanExporter):
         return bool(getattr(self.inner, "accepts_encoded", False))
 
     @property
+    def compact_encoding(self) -> bool:
+        """Whether the inner exporter's per-span encoding is bytes (``fast_export``)."""
+        return bool(getattr(self.inner, "compact_encoding", False))
+
+    @property
     def encode_span(self) -> Any:
         """The inner exporter's per-span encoder (``otelgpu.otel.fast_export``)."""
         return self.inner.encode_span  # type: ignore[attr-defined]

@@ -114,6 +114,9 @@ class EncodedSpanExporter(SpanExporter):
         #: protobuf (span_encoding), or OTLP/JSON for the recording (span_json).
         self.encode_span: Callable[[ReadableSpan], Any] = span_encoding.encode_span
         self.assemble: Callable[[Sequence[tuple[ReadableSpan, Any]]], Any] = span_encoding.assemble
+        #: Whether one encoded span is bytes or text (not a structure of Python objects):
+        #: the batch processor then encodes spans early (``otelgpu.otel.processor``).
+        self.compact_encoding = True
         for make in (_grpc_sender, _http_sender, _recording_sender):
             try:
                 self._send = make(inner)
@@ -121,8 +124,8 @@ class EncodedSpanExporter(SpanExporter):
                 _logger.debug("otelgpu: no encoded path for %r: %r", inner, exc)
             if self._send is not None:
                 if make is _recording_sender:
-                    self.encode_span = span_json.span_dict
-                    self.assemble = span_json.request_line
+                    self.encode_span = span_json.span_text
+                    self.assemble = span_json.request_line_text
                 break
 
     @property

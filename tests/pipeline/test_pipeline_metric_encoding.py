@@ -196,3 +196,12 @@ def test_batch_size_setting_keeps_the_sdk_path(otlp_receiver: Any) -> None:
         for m in sm.metrics
     )
     guarded.shutdown()
+
+
+def test_recording_metrics_line_is_the_sdk_request_as_json() -> None:
+    import json
+
+    from otelgpu.otel.recording import metrics_json_line, to_json_line
+
+    data = _collection(gpus=3)
+    assert json.loads(metrics_json_line(data)) == json.loads(to_json_line(encode_metrics(data)))

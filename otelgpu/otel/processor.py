@@ -47,14 +47,12 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otelgpu.otel import slicing
 from otelgpu.otel.stats import InternalStats
 from otelgpu.otel.tail_sampling import StepSpanSampler
 
-#: Longest stretch of encoding between two GIL hand-backs (seconds).
-SLICE_S = 0.0003
-#: How long the export thread sleeps to hand the GIL back (seconds): long enough for a
-#: waiting application thread to wake and take it.
-YIELD_S = 0.0001
+#: The GIL hand-back rhythm shared by otelgpu's background threads (seconds).
+SLICE_S, YIELD_S = slicing.SLICE_S, slicing.YIELD_S
 #: Most spans per pre-encoded request.
 ENCODED_BATCH = 128
 #: How often queued spans are encoded (compact encodings), whatever the schedule delay.

@@ -40,6 +40,19 @@ class _Prepared(list):  # type: ignore[type-arg]
     request: Any = None
 
 
+def take_prepared(inner: Any, marker: type) -> None:
+    """Make the SDK gRPC exporter ``inner`` send the ``request`` attribute of data of type
+    ``marker`` (a request otelgpu built) instead of translating the data itself."""
+    original = inner._translate_data
+
+    def translate(data: Any) -> Any:
+        if isinstance(data, marker):
+            return data.request  # type: ignore[attr-defined]
+        return original(data)
+
+    inner._translate_data = translate
+
+
 def _grpc_sender(inner: Any) -> Callable[[Sequence[ReadableSpan], bytes], SpanExportResult] | None:
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -47,14 +60,7 @@ def _grpc_sender(inner: Any) -> Callable[[Sequence[ReadableSpan], bytes], SpanEx
         return None
     if type(inner) is not OTLPSpanExporter or not callable(getattr(inner, "_translate_data", None)):
         return None
-    original = inner._translate_data
-
-    def translate(data: Any) -> Any:
-        if isinstance(data, _Prepared):
-            return data.request
-        return original(data)
-
-    inner._translate_data = translate  # type: ignore[method-assign]
+    take_prepared(inner, _Prepared)
 
     def send(spans: Sequence[ReadableSpan], payload: bytes) -> SpanExportResult:
         batch = _Prepared(spans)

@@ -118,14 +118,9 @@ def _grpc_sender(inner: Any) -> Callable[[MetricsData], MetricExportResult] | No
         getattr(inner, "_translate_data", None)
     ):
         return None
-    original = inner._translate_data
+    from otelgpu.otel.fast_export import take_prepared
 
-    def translate(data: Any) -> Any:
-        if isinstance(data, _PreparedMetrics):
-            return data.request
-        return original(data)
-
-    inner._translate_data = translate  # type: ignore[method-assign]
+    take_prepared(inner, _PreparedMetrics)
 
     def send(metrics_data: MetricsData) -> MetricExportResult:
         if getattr(inner, "_max_export_batch_size", None) is not None:

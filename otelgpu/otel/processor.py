@@ -185,24 +185,32 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 size = min(self._batch_size, ENCODED_BATCH) if self._encoded else self._batch_size
                 while self._queue and len(batch) < size:
                     batch.append(self._queue.popleft())
-                try:
-                    with suppress_instrumentation():
-                        if self._encoded:
-                            batch, payload = self._encode_sliced(batch)
-                            exporter: Any = self._exporter
-                            result = exporter.export_encoded(batch, payload)
-                        else:
-                            result = self._exporter.export(batch)
-                except Exception as exc:  # noqa: BLE001 - a broken exporter must not kill us
-                    self._stats.report_error("span export", exc)
-                    result = SpanExportResult.FAILURE
-                if result is not SpanExportResult.SUCCESS:
+                if not self._send(batch):
                     ok = False
                 if self._encoded and self._queue:
                     time.sleep(YIELD_S)
         finally:
             self._export_lock.release()
         return ok
+
+    def _send(self, batch: list[Any], *, ready: bool = False) -> bool:
+        """Export one batch: SDK spans, or ``(origin, encoded)`` pairs when ``ready``.
+        ``False`` if the export failed (reported, never raised)."""
+        exporter: Any = self._exporter
+        try:
+            with suppress_instrumentation():
+                if ready:
+                    origins = [origin for origin, _ in batch]
+                    result = exporter.export_encoded(origins, exporter.assemble(batch))
+                elif self._encoded:
+                    spans, payload = self._encode_sliced(batch)
+                    result = exporter.export_encoded(spans, payload)
+                else:
+                    result = exporter.export(batch)
+        except Exception as exc:  # noqa: BLE001 - a broken exporter must not kill us
+            self._stats.report_error("span export", exc)
+            result = SpanExportResult.FAILURE
+        return result is SpanExportResult.SUCCESS
 
     def _send_ready(self, deadline: float | None) -> bool:
         """Encode what is queued, then send every encoded span (export lock held)."""
@@ -218,15 +226,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 return False
             chunk = self._ready[:ENCODED_BATCH]
             del self._ready[:ENCODED_BATCH]
-            origins = [origin for origin, _ in chunk]
-            exporter: Any = self._exporter
-            try:
-                with suppress_instrumentation():
-                    result = exporter.export_encoded(origins, exporter.assemble(chunk))
-            except Exception as exc:  # noqa: BLE001 - a broken exporter must not kill us
-                self._stats.report_error("span export", exc)
-                result = SpanExportResult.FAILURE
-            if result is not SpanExportResult.SUCCESS:
+            if not self._send(chunk, ready=True):
                 ok = False
             if self._ready or self._queue:
                 time.sleep(YIELD_S)

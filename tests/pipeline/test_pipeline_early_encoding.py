@@ -42,6 +42,10 @@ def test_queued_spans_are_encoded_early_and_all_delivered(
         EncodedSpanExporter(_exporter(kind, otlp_receiver, tmp_path)), stats
     )
     assert guarded.compact_encoding
+    if kind == "grpc":  # otelgpu's bytes go out as they are (no parse, no re-serialisation)
+        from otelgpu.otel import fast_export
+
+        assert isinstance(guarded.inner.inner._client, fast_export._RawTraceStub)  # type: ignore[attr-defined]
     processor = proc.BoundedBatchSpanProcessor(
         guarded, stats=stats, schedule_delay_s=30.0, max_export_batch_size=10_000
     )

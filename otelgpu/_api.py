@@ -11,6 +11,7 @@ The context managers live in ``otelgpu._contexts`` (re-exported here).
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import threading
@@ -304,6 +305,12 @@ def instrument(
         runtime = None if resolved.disabled else _build(resolved, tracer_provider, meter_provider)
         _handle = Instrumentation(resolved, runtime)
         if runtime is not None:
+            # Starting up created tens of thousands of long-lived objects (the SDK, the
+            # exporters' modules, the sampler). Left pending, they make the interpreter run
+            # a full collection (~30 ms with the GIL held) within seconds, in whichever
+            # thread allocates next -- often the host's loop. One full collection now, while
+            # the caller waits for instrument() anyway, resets that count.
+            gc.collect()
             _runtime._set_current(runtime)
             if not _fork_hook_installed and hasattr(os, "register_at_fork"):
                 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -15,8 +15,10 @@ they never call NVML.
 * Observable instruments cannot be removed from an OpenTelemetry meter, so
   ``unregister()`` switches the callbacks off (they then report nothing).
 
-Host pauses: each callback first hands the GIL over (``time.sleep(0)``), so a collection
-holds it in one short slice per instrument, never for all instruments at once.
+Host pauses: each callback first hands the GIL over once its thread has held it for a
+slice (``otelgpu.otel.slicing.tick``: a short real sleep; ``time.sleep(0)`` returns before
+a waiting thread is scheduled), so a collection holds it for short slices, never for all
+instruments at once.
 
 Thread-safety: callbacks may run concurrently from several readers; the state they
 keep is guarded by one lock. A failing callback logs once and reports nothing.
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -35,6 +36,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from otelgpu.metrics import catalog as N
 from otelgpu.metrics.instruments import Instruments
 from otelgpu.metrics.spec import MetricSpec
+from otelgpu.otel import slicing
 from otelgpu.sampler import BaseGpuSampler, GpuSample, WindowStats
 from otelgpu.sampler import _fields as F
 
@@ -47,8 +49,8 @@ Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
 def _yield_gil() -> None:
-    """Release the GIL so a waiting host thread runs first (``sleep(0)`` drops it)."""
-    time.sleep(0)
+    """Hand the GIL to a waiting host thread if this thread held it for a slice."""
+    slicing.tick()
 
 
 _HARDWARE_THROTTLE = sum(

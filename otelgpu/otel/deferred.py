@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from otelgpu.otel import slicing
 from otelgpu.otel.stats import InternalStats
 
-SLICE_S = 0.0003
-YIELD_S = 0.0001
+#: The GIL hand-back rhythm shared by otelgpu's background threads (seconds).
+SLICE_S, YIELD_S = slicing.SLICE_S, slicing.YIELD_S
 
 
 class DeferredWork:

@@ -7,7 +7,9 @@ Every push exporter otelgpu builds is wrapped:
   telemetry lost to failed exports (``otelgpu.internal.dropped``), never raising;
 * :class:`GuardedMetricExporter` also appends the sketch histograms to every export (the
   Python SDK has no MetricProducer hook): each ``MetricsData`` the reader hands over gains
-  one exponential histogram per sketch metric, in otelgpu's scope, cumulative.
+  one exponential histogram per sketch metric, in otelgpu's scope, cumulative; and for
+  the SDK's OTLP exporters it encodes the request in short slices
+  (:mod:`otelgpu.otel.metric_encoding`) so the host's threads never wait for all of it.
 
 Standard ``OTEL_EXPORTER_OTLP_*`` variables (signal-specific endpoints, headers,
 certificates, compression, timeout) are read by the SDK exporters themselves whenever the
@@ -44,6 +46,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelgpu._settings import Settings
+from otelgpu.otel import metric_encoding
 from otelgpu.otel.stats import InternalStats
 from otelgpu.version import __version__
 
@@ -168,6 +171,11 @@ class GuardedSpanExporter(SpanExporter):
         return bool(getattr(self.inner, "accepts_encoded", False))
 
     @property
+    def compact_encoding(self) -> bool:
+        """Whether the inner exporter's per-span encoding is bytes (``fast_export``)."""
+        return bool(getattr(self.inner, "compact_encoding", False))
+
+    @property
     def encode_span(self) -> Any:
         """The inner exporter's per-span encoder (``otelgpu.otel.fast_export``)."""
         return self.inner.encode_span  # type: ignore[attr-defined]
@@ -230,6 +238,7 @@ class GuardedMetricExporter(MetricExporter):
         self._sketch_metrics = sketch_metrics
         self._pid = os.getpid()
         self._in_flight = _InFlight(stats, "metrics")
+        self._send = metric_encoding.sliced_sender(inner)
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -245,7 +254,10 @@ class GuardedMetricExporter(MetricExporter):
             if not self._in_flight.begin(n):
                 return MetricExportResult.FAILURE
             try:
-                result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
+                if self._send is not None:
+                    result = self._send(metrics_data)
+                else:
+                    result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
             finally:
                 counted_here = self._in_flight.end(n)
         except Exception as exc:  # noqa: BLE001 - exporters must never raise into us

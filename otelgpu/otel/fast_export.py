@@ -24,7 +24,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -40,6 +44,34 @@ class _Prepared(list):  # type: ignore[type-arg]
     request: Any = None
 
 
+def _serialize(request: Any) -> bytes:
+    return request if isinstance(request, bytes) else request.SerializeToString()
+
+
+class _RawTraceStub:
+    """The OTLP trace service client, taking a serialized request as bytes too."""
+
+    def __init__(self, channel: Any) -> None:
+        self.Export = channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=_serialize,
+            response_deserializer=ExportTraceServiceResponse.FromString,
+        )
+
+
+def take_prepared(inner: Any, marker: type) -> None:
+    """Make the SDK gRPC exporter ``inner`` send the ``request`` attribute of data of type
+    ``marker`` (a request otelgpu built) instead of translating the data itself."""
+    original = inner._translate_data
+
+    def translate(data: Any) -> Any:
+        if isinstance(data, marker):
+            return data.request  # type: ignore[attr-defined]
+        return original(data)
+
+    inner._translate_data = translate
+
+
 def _grpc_sender(inner: Any) -> Callable[[Sequence[ReadableSpan], bytes], SpanExportResult] | None:
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -47,18 +79,19 @@ def _grpc_sender(inner: Any) -> Callable[[Sequence[ReadableSpan], bytes], SpanEx
         return None
     if type(inner) is not OTLPSpanExporter or not callable(getattr(inner, "_translate_data", None)):
         return None
-    original = inner._translate_data
-
-    def translate(data: Any) -> Any:
-        if isinstance(data, _Prepared):
-            return data.request
-        return original(data)
-
-    inner._translate_data = translate  # type: ignore[method-assign]
+    take_prepared(inner, _Prepared)
+    if getattr(inner, "_stub", None) is TraceServiceStub and getattr(inner, "_channel", None):
+        # The exporter makes its client from ``_stub`` (again after a reconnect): ours
+        # sends otelgpu's bytes as they are, sparing a parse and a re-serialisation (both
+        # in C with the GIL held, ~1 ms per 100 kB).
+        exporter: Any = inner
+        exporter._stub = _RawTraceStub
+        exporter._client = _RawTraceStub(exporter._channel)
 
     def send(spans: Sequence[ReadableSpan], payload: bytes) -> SpanExportResult:
         batch = _Prepared(spans)
-        batch.request = ExportTraceServiceRequest.FromString(payload)
+        raw = isinstance(getattr(inner, "_client", None), _RawTraceStub)
+        batch.request = payload if raw else ExportTraceServiceRequest.FromString(payload)
         return inner.export(batch)
 
     return send
@@ -114,6 +147,9 @@ class EncodedSpanExporter(SpanExporter):
         #: protobuf (span_encoding), or OTLP/JSON for the recording (span_json).
         self.encode_span: Callable[[ReadableSpan], Any] = span_encoding.encode_span
         self.assemble: Callable[[Sequence[tuple[ReadableSpan, Any]]], Any] = span_encoding.assemble
+        #: Whether one encoded span is bytes or text (not a structure of Python objects):
+        #: the batch processor then encodes spans early (``otelgpu.otel.processor``).
+        self.compact_encoding = True
         for make in (_grpc_sender, _http_sender, _recording_sender):
             try:
                 self._send = make(inner)
@@ -121,8 +157,8 @@ class EncodedSpanExporter(SpanExporter):
                 _logger.debug("otelgpu: no encoded path for %r: %r", inner, exc)
             if self._send is not None:
                 if make is _recording_sender:
-                    self.encode_span = span_json.span_dict
-                    self.assemble = span_json.request_line
+                    self.encode_span = span_json.span_text
+                    self.assemble = span_json.request_line_text
                 break
 
     @property

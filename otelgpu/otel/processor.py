@@ -23,6 +23,14 @@ pre-encoded batches (``otelgpu.otel.fast_export``), spans are encoded one by one
 at most ``ENCODED_BATCH`` spans, so no single C call (parsing, serialising, sending) holds
 the GIL for long either. Without it (console, a user's exporter), batches are exported as
 the SDK's processor would.
+
+Spans are encoded early when the encoding is compact (OTLP protobuf bytes): the thread
+wakes every ``ENCODE_EVERY_S``, turns the queued spans into bytes, and sends them once a
+batch is full or the schedule delay has passed. A queued SDK span is about twenty objects
+the garbage collector tracks; held for the whole schedule delay (seconds), they outlive
+two young collections and are promoted to the oldest generation, and those promotions are
+what trigger full collections (tens of ms with the GIL held, in whichever thread
+allocates -- often the host's). Bytes are not tracked, so encoded spans promote nothing.
 """
 
 from __future__ import annotations
@@ -39,16 +47,27 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelgpu._fork import after_fork_in_child
+from otelgpu.otel import slicing
 from otelgpu.otel.stats import InternalStats
 from otelgpu.otel.tail_sampling import StepSpanSampler
 
-#: Longest stretch of encoding between two GIL hand-backs (seconds).
-SLICE_S = 0.0003
-#: How long the export thread sleeps to hand the GIL back (seconds): long enough for a
-#: waiting application thread to wake and take it.
-YIELD_S = 0.0001
+#: The GIL hand-back rhythm shared by otelgpu's background threads (seconds).
+SLICE_S, YIELD_S = slicing.SLICE_S, slicing.YIELD_S
 #: Most spans per pre-encoded request.
 ENCODED_BATCH = 128
+#: How often queued spans are encoded (compact encodings), whatever the schedule delay.
+ENCODE_EVERY_S = 0.05
+
+
+class _Origin:
+    """The resource and instrumentation scope of encoded spans (what grouping them into a
+    request needs), one shared object per pair instead of the spans themselves."""
+
+    __slots__ = ("instrumentation_scope", "resource")
+
+    def __init__(self, resource: Any, scope: Any) -> None:
+        self.resource = resource
+        self.instrumentation_scope = scope
 
 
 class BoundedBatchSpanProcessor(SpanProcessor):
@@ -68,6 +87,12 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._exporter = exporter
         self._sampler = StepSpanSampler(step_spans_per_second)
         self._encoded = bool(getattr(exporter, "accepts_encoded", False))
+        #: Encode early (module docstring): only when the encoding is bytes.
+        self._early = self._encoded and bool(getattr(exporter, "compact_encoding", False))
+        #: Spans encoded early, not sent yet: ``(origin, bytes)``.
+        self._ready: list[tuple[_Origin, Any]] = []
+        self._origins: dict[tuple[int, Any], _Origin] = {}
+        self._last_export = time.monotonic()
         self._shutdown_timeout_s = shutdown_timeout_s
         self._stats = stats
         self._max_queue_size = max_queue_size
@@ -89,6 +114,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def _after_fork_in_child(self) -> None:
         # The parent's spans belong to the parent; the child exports nothing at all.
         self._queue.clear()
+        self._ready = []
         self._stopped = True
         self._export_lock = threading.Lock()
 
@@ -102,7 +128,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         if not self._sampler.keep(span):
             self._stats.add_dropped("traces", "tail_sampled")
             return
-        if len(self._queue) >= self._max_queue_size:
+        if len(self._queue) + len(self._ready) >= self._max_queue_size:
             self._stats.add_dropped("traces", "queue_full")
             return
         self._queue.append(span)
@@ -112,10 +138,17 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
         while not self._stopped:
-            self._wake.wait(self._delay_s)
+            self._wake.wait(ENCODE_EVERY_S if self._early else self._delay_s)
             self._wake.clear()
             if self._stopped:
                 break
+            if self._early:
+                with self._export_lock:
+                    if os.getpid() == self._pid:
+                        self._encode_queue()
+                due = time.monotonic() - self._last_export >= self._delay_s
+                if not due and len(self._ready) < self._batch_size:
+                    continue
             self._export_all()
 
     def _export_all(self, deadline: float | None = None) -> bool:
@@ -133,6 +166,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             return False
         ok = True
         try:
+            if self._early:
+                return self._send_ready(deadline)
             while self._queue and os.getpid() == self._pid:
                 if deadline is None and self._stopped:
                     return False
@@ -142,24 +177,83 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 size = min(self._batch_size, ENCODED_BATCH) if self._encoded else self._batch_size
                 while self._queue and len(batch) < size:
                     batch.append(self._queue.popleft())
-                try:
-                    with suppress_instrumentation():
-                        if self._encoded:
-                            batch, payload = self._encode_sliced(batch)
-                            exporter: Any = self._exporter
-                            result = exporter.export_encoded(batch, payload)
-                        else:
-                            result = self._exporter.export(batch)
-                except Exception as exc:  # noqa: BLE001 - a broken exporter must not kill us
-                    self._stats.report_error("span export", exc)
-                    result = SpanExportResult.FAILURE
-                if result is not SpanExportResult.SUCCESS:
+                if not self._send(batch):
                     ok = False
                 if self._encoded and self._queue:
                     time.sleep(YIELD_S)
         finally:
             self._export_lock.release()
         return ok
+
+    def _send(self, batch: list[Any], *, ready: bool = False) -> bool:
+        """Export one batch: SDK spans, or ``(origin, encoded)`` pairs when ``ready``.
+        ``False`` if the export failed (reported, never raised)."""
+        exporter: Any = self._exporter
+        try:
+            with suppress_instrumentation():
+                if ready:
+                    origins = [origin for origin, _ in batch]
+                    result = exporter.export_encoded(origins, exporter.assemble(batch))
+                elif self._encoded:
+                    spans, payload = self._encode_sliced(batch)
+                    result = exporter.export_encoded(spans, payload)
+                else:
+                    result = exporter.export(batch)
+        except Exception as exc:  # noqa: BLE001 - a broken exporter must not kill us
+            self._stats.report_error("span export", exc)
+            result = SpanExportResult.FAILURE
+        return result is SpanExportResult.SUCCESS
+
+    def _send_ready(self, deadline: float | None) -> bool:
+        """Encode what is queued, then send every encoded span (export lock held)."""
+        ok = True
+        self._last_export = time.monotonic()
+        while os.getpid() == self._pid:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            self._encode_queue()
+            if not self._ready:
+                break
+            if deadline is None and self._stopped:
+                return False
+            chunk = self._ready[:ENCODED_BATCH]
+            del self._ready[:ENCODED_BATCH]
+            if not self._send(chunk, ready=True):
+                ok = False
+            if self._ready or self._queue:
+                time.sleep(YIELD_S)
+        return ok
+
+    def _encode_queue(self) -> None:
+        """Move every queued span into ``_ready`` as bytes, handing the GIL back every
+        ``SLICE_S`` (export lock held)."""
+        clock = time.perf_counter
+        slice_end = clock() + SLICE_S
+        exporter: Any = self._exporter
+        encode = exporter.encode_span
+        queue, ready, origins = self._queue, self._ready, self._origins
+        while queue:
+            try:
+                span = queue.popleft()
+            except IndexError:
+                break
+            try:
+                body = encode(span)
+            except Exception as exc:  # noqa: BLE001 - one bad span must not sink the batch
+                self._stats.report_error("span encoding", exc)
+                self._stats.add_dropped("traces", "encoding_failed")
+                continue
+            scope = span.instrumentation_scope or None
+            key = (id(span.resource), scope)
+            origin = origins.get(key)
+            if origin is None or origin.resource is not span.resource:
+                if len(origins) >= 64:
+                    origins.clear()
+                origin = origins[key] = _Origin(span.resource, scope)
+            ready.append((origin, body))
+            if clock() > slice_end:
+                time.sleep(YIELD_S)
+                slice_end = clock() + SLICE_S
 
     def _encode_sliced(self, batch: list[ReadableSpan]) -> tuple[list[ReadableSpan], Any]:
         """Encode ``batch`` span by span, handing the GIL back every ``SLICE_S``."""
@@ -195,9 +289,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._thread.join(max(0.0, deadline - time.monotonic()))
         if os.getpid() == self._pid:
             self._export_all(deadline)
-            left = len(self._queue)
+            left = len(self._queue) + len(self._ready)
             if left:
                 self._queue.clear()
+                self._ready = []
                 self._stats.add_dropped("traces", "shutdown", left)
         try:
             self._exporter.shutdown()
@@ -209,12 +304,13 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         (``(traces, shutdown_timeout)``) and stop; the batch in flight is the exporter's."""
         self._stopped = True
         self._wake.set()
-        left = len(self._queue)
+        left = len(self._queue) + len(self._ready)
         if left:
             self._queue.clear()
+            self._ready = []
             self._stats.add_dropped("traces", "shutdown_timeout", left)
 
     @property
     def queued(self) -> int:
-        """Spans waiting for export."""
-        return len(self._queue)
+        """Spans waiting for export (queued or already encoded)."""
+        return len(self._queue) + len(self._ready)

@@ -28,26 +28,24 @@ import os
 import stat
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
 from google.protobuf.message import Message  # type: ignore[import-untyped]
-from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
     MetricsData,
-    ResourceMetrics,
-    ScopeMetrics,
 )
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otelgpu.otel.metric_encoding import encode_metrics_sliced
 from otelgpu.otel.otlp_ids import ids_to_hex
+from otelgpu.otel.slicing import Slicer
 
 _log = logging.getLogger("otelgpu")
 
@@ -175,39 +173,33 @@ def to_json_line(message: Message) -> str:
     return json.dumps(ids_to_hex(as_dict), separators=(",", ":"))
 
 
-#: Metrics converted to OTLP/JSON per slice; the GIL is handed back between slices.
-_METRICS_PER_SLICE = 4
-_YIELD_S = 0.0001
-
-
 def metrics_json_line(metrics_data: MetricsData) -> str:
-    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built a few metrics at a
-    time with the GIL handed back in between: protobuf's JSON printer walks every field in
-    Python (tens of ms for a collection over 8 GPUs), which would stall the application's
-    threads for that long in one piece. Same line, parsed (key order aside)."""
+    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built one metric at a time
+    with the GIL handed back once a slice is used (``otelgpu.otel.slicing``): protobuf's
+    JSON printer walks every field in Python (tens of ms for a collection over 8 GPUs),
+    which would stall the application's threads for that long in one piece. The request is
+    encoded in slices too (``otelgpu.otel.metric_encoding``). Same line, parsed."""
+    slicer = Slicer()
+    request = encode_metrics_sliced(metrics_data, slicer)
     resources = []
-    for rm in metrics_data.resource_metrics:
-        head: dict[str, Any] = {}
+    for rm in request.resource_metrics:
         scopes = []
         for sm in rm.scope_metrics:
-            scope_head: dict[str, Any] = {}
-            metrics: list[Any] = []
-            for i in range(0, len(sm.metrics), _METRICS_PER_SLICE):
-                chunk = sm.metrics[i : i + _METRICS_PER_SLICE]
-                scope = ScopeMetrics(sm.scope, chunk, sm.schema_url)
-                part = MetricsData([ResourceMetrics(rm.resource, [scope], rm.schema_url)])
-                as_dict = json_format.MessageToDict(
-                    encode_metrics(part), use_integers_for_enums=True
-                )
-                for rmd in as_dict.get("resourceMetrics", []):
-                    head = {k: v for k, v in rmd.items() if k != "scopeMetrics"}
-                    for smd in rmd.get("scopeMetrics", []):
-                        scope_head = {k: v for k, v in smd.items() if k != "metrics"}
-                        metrics += smd.get("metrics", [])
-                time.sleep(_YIELD_S)
+            metrics = []
+            for metric in sm.metrics:
+                slicer.tick()
+                metrics.append(json_format.MessageToDict(metric, use_integers_for_enums=True))
             if metrics:
-                scopes.append({**scope_head, "metrics": metrics})
+                bare_scope = type(sm)()
+                bare_scope.CopyFrom(sm)
+                del bare_scope.metrics[:]
+                head = json_format.MessageToDict(bare_scope, use_integers_for_enums=True)
+                scopes.append({**head, "metrics": metrics})
         if scopes:
+            bare = type(rm)()
+            bare.CopyFrom(rm)
+            del bare.scope_metrics[:]
+            head = json_format.MessageToDict(bare, use_integers_for_enums=True)
             resources.append({**head, "scopeMetrics": scopes})
     line = {"resourceMetrics": resources} if resources else {}
     return json.dumps(ids_to_hex(line), separators=(",", ":"))

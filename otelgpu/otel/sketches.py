@@ -9,6 +9,10 @@ Temporality is cumulative: each series keeps the start time of its first record,
 backend sees one monotonic series per attribute set. The quantile gauges
 (``<name>.quantile{quantile=0.95}``) are cumulative too (over the whole run).
 
+Export (:meth:`SketchHistogram.to_metric`, the quantile gauges) hands the GIL back between
+series once its thread held it for a slice (:mod:`otelgpu.otel.slicing`), so converting
+many series never stalls the host in one piece.
+
 Hot path: :meth:`SketchHistogram.record` is a dict lookup plus ``sketch.add`` (the sketch
 is thread-safe); the registry lock is taken only to create a series. It never raises.
 :meth:`SketchHistogram.record_many` adds a batch for one attribute set (one lookup, one
@@ -31,7 +35,7 @@ from opentelemetry.sdk.metrics.export import (
     Metric,
 )
 
-from otelgpu.otel import histogram_rule
+from otelgpu.otel import histogram_rule, slicing
 from otelgpu.otel.stats import InternalStats
 
 OVERFLOW_ATTRIBUTES: Mapping[str, Any] = {"otel.metric.overflow": True}
@@ -177,11 +181,17 @@ class SketchHistogram:
         """The cumulative exponential histogram of all non-empty series, or ``None``."""
         with self._lock:
             all_series = list(self._series.values())
-        points = [
-            s.sketch.to_data_point(s.start_time_unix_nano, time_unix_nano, dict(s.attributes))
-            for s in all_series
-            if s.sketch.count
-        ]
+        points = []
+        for s in all_series:
+            # Many series are converted on the export thread: hand the GIL back between
+            # them once a slice is used (otelgpu.otel.slicing).
+            slicing.tick()
+            if s.sketch.count:
+                points.append(
+                    s.sketch.to_data_point(
+                        s.start_time_unix_nano, time_unix_nano, dict(s.attributes)
+                    )
+                )
         if not points:
             return None
         return Metric(
@@ -202,6 +212,7 @@ class SketchHistogram:
         the larger one, with ten values p99 is the maximum.
         """
         for attributes, sketch in self.series():
+            slicing.tick()  # one collection may convert many series (otelgpu.otel.slicing)
             if not sketch.count:
                 continue
             point = sketch.to_data_point(0, 0)

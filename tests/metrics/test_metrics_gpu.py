@@ -363,3 +363,37 @@ def test_collection_hands_the_gil_over_between_instruments(
     assert len(gpu_names) > 10
     # One hand-off per GPU instrument at least (the SDK calls each callback once).
     assert len(events) >= len(gpu_names)
+
+
+def test_longest_collection_slice_is_bounded_in_thread_cpu_time(
+    sim_gpu: sim.SimGpu,
+    sampler: BaseGpuSampler,
+    reader: Reader,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between two chances to hand the GIL back, a collection runs briefly: thread CPU
+    time (load-robust) of the longest slice, SDK work before and after the callbacks
+    included, stays far below the whole collection."""
+    import itertools
+    import time
+
+    from otelgpu.otel import slicing
+
+    marks: list[float] = []
+    monkeypatch.setattr(slicing, "SLICE_S", 0.0)  # a chance to pause is a pause
+    monkeypatch.setattr(slicing, "pause", lambda: marks.append(time.thread_time()))
+    rd, provider = reader
+    register_gpu_metrics(provider.get_meter("test"), sampler)
+    sampler.sample_once()
+    rd.get_metrics_data()  # the SDK creates its storage on the first collection
+    longest = []
+    for _ in range(3):
+        marks.clear()
+        start = time.thread_time()
+        rd.get_metrics_data()
+        ends = [start, *marks, time.thread_time()]
+        slices = [b - a for a, b in itertools.pairwise(ends)]
+        longest.append((max(slices), ends[-1] - start))
+    worst, total = min(longest)
+    assert worst < 0.0015, f"longest slice {worst * 1e3:.2f} ms of {total * 1e3:.2f} ms"
+    assert worst < total / 4

@@ -136,6 +136,8 @@ def _same_json(spans: list[Any]) -> None:
 
     ours = span_json.request_line([(s, span_json.span_dict(s)) for s in spans])
     assert json.loads(ours) == json.loads(to_json_line(encode_spans(spans)))
+    # Spliced from per-span text (what the exporter sends): the same line, exactly.
+    assert span_json.request_line_text([(s, span_json.span_text(s)) for s in spans]) == ours
 
 
 def test_pipeline_recording_json_matches_protobuf_json() -> None:

@@ -1,0 +1,104 @@
+"""The batch processor encodes queued spans early (``otelgpu.otel.processor``): after a
+moment the queue holds bytes, not SDK spans (nothing for the garbage collector to promote),
+and every span still reaches the collector -- over OTLP gRPC, OTLP HTTP and the recording."""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from otelgpu._settings import Settings
+from otelgpu.otel import processor as proc
+from otelgpu.otel.exporters import GuardedSpanExporter, otlp_span_exporter
+from otelgpu.otel.fast_export import EncodedSpanExporter
+from otelgpu.otel.recording import RecordingFile, RecordingSpanExporter, read_recording
+from otelgpu.otel.stats import InternalStats
+
+
+def _exporter(kind: str, receiver: Any, tmp_path: Path) -> Any:
+    if kind == "recording":
+        rec = RecordingFile(tmp_path / "r.otlp.jsonl", max_bytes=1 << 24, backups=0)
+        return RecordingSpanExporter(rec)
+    endpoint = receiver.grpc_endpoint if kind == "grpc" else receiver.http_endpoint
+    protocol = "grpc" if kind == "grpc" else "http/protobuf"
+    return otlp_span_exporter(
+        Settings(otlp_endpoint=endpoint, otlp_protocol=protocol, otlp_insecure=True)
+    )
+
+
+@pytest.mark.parametrize("kind", ["grpc", "http", "recording"])
+def test_queued_spans_are_encoded_early_and_all_delivered(
+    otlp_receiver: Any, tmp_path: Path, kind: str
+) -> None:
+    stats = InternalStats()
+    guarded = GuardedSpanExporter(
+        EncodedSpanExporter(_exporter(kind, otlp_receiver, tmp_path)), stats
+    )
+    assert guarded.compact_encoding
+    if kind == "grpc":  # otelgpu's bytes go out as they are (no parse, no re-serialisation)
+        from otelgpu.otel import fast_export
+
+        assert isinstance(guarded.inner.inner._client, fast_export._RawTraceStub)  # type: ignore[attr-defined]
+    processor = proc.BoundedBatchSpanProcessor(
+        guarded, stats=stats, schedule_delay_s=30.0, max_export_batch_size=10_000
+    )
+    tp = TracerProvider(resource=Resource.create({"service.name": "early"}), shutdown_on_exit=False)
+    tp.add_span_processor(processor)
+    tracer = tp.get_tracer("lib.a")
+    other = tp.get_tracer("lib.b", "2.0")
+    refs = []
+    for i in range(300):
+        with (tracer if i % 3 else other).start_as_current_span(f"s{i}", attributes={"i": i}) as s:
+            pass
+        refs.append(weakref.ref(s))
+    del s
+    deadline = time.monotonic() + 10
+    while processor._queue and time.monotonic() < deadline:
+        time.sleep(proc.ENCODE_EVERY_S)
+    gc.collect()
+    assert not any(r() is not None for r in refs)  # the processor keeps bytes, not spans
+    assert processor.queued == 300  # nothing sent before the schedule delay
+    assert processor.force_flush(10_000)
+    assert processor.queued == 0
+    if kind == "recording":
+        requests = list(read_recording(tmp_path / "r.otlp.jsonl"))
+    else:
+        requests = otlp_receiver.requests("traces")
+    names = [
+        span.name
+        for r in requests
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+    assert sorted(names) == sorted(f"s{i}" for i in range(300))
+    scopes = {ss.scope.name for r in requests for rs in r.resource_spans for ss in rs.scope_spans}
+    assert scopes == {"lib.a", "lib.b"}
+    assert not stats.dropped()
+    tp.shutdown()
+
+
+def test_shutdown_counts_encoded_spans_it_could_not_send(tmp_path: Path) -> None:
+    """Spans already encoded but not sent count as dropped when a shutdown gives up."""
+    stats = InternalStats()
+    rec = RecordingFile(tmp_path / "r.otlp.jsonl", max_bytes=1 << 24, backups=0)
+    guarded = GuardedSpanExporter(EncodedSpanExporter(RecordingSpanExporter(rec)), stats)
+    processor = proc.BoundedBatchSpanProcessor(guarded, stats=stats, schedule_delay_s=30.0)
+    tp = TracerProvider(shutdown_on_exit=False)
+    tp.add_span_processor(processor)
+    for i in range(20):
+        with tp.get_tracer("t").start_as_current_span(f"s{i}"):
+            pass
+    deadline = time.monotonic() + 10
+    while processor._queue and time.monotonic() < deadline:
+        time.sleep(proc.ENCODE_EVERY_S)
+    processor.abandon()
+    assert stats.dropped() == {("traces", "shutdown_timeout"): 20}
+    assert processor.queued == 0

@@ -330,7 +330,12 @@ class PhaseHooks:
         Called in step order (the telemetry thread); consumes the intervals it used.
         """
         s, e = record.start_ns, record.end_ns
-        comm = [(max(a, s), min(b, e)) for a, b in _take(self.comm, e) if min(b, e) > max(a, s)]
+        ring = self.comm
+        comm = (
+            [(max(a, s), min(b, e)) for a, b in _take(ring, e) if min(b, e) > max(a, s)]
+            if ring
+            else []
+        )
         phases = split_step(
             s,
             e,
@@ -338,10 +343,12 @@ class PhaseHooks:
             comm_ns=record.comm_wait_ns,
             checkpoint_ns=record.checkpoint_ns,
             optimizer_ns=record.optimizer_ns,
-            forward=_take(self.forward, e),
-            backward=_take(self.backward, e),
+            forward=_take(self.forward, e) if self.forward else (),
+            backward=_take(self.backward, e) if self.backward else (),
             comm=comm,
         )
+        if not comm:
+            return phases, []
         slots = [b - a for a, b in comm[: COMM_SLOTS - 1]]
         if len(comm) >= COMM_SLOTS:
             slots.append(sum(b - a for a, b in comm[COMM_SLOTS - 1 :]))

@@ -65,6 +65,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "diagnosis.md"
 TARGET = 0.005
 EVERY = 50
 MODES = ("plain", "otelgpu", "otelgpu+diagnosis")
+WARMUP_STEPS = 8
 
 
 def _free_port() -> int:
@@ -361,8 +362,9 @@ def _callgrind_child(mode: str, steps: int, hidden: int, batch: int) -> int:
     runtime, _reader = _runtime()
     factory = _store_exchange()
     model, opt, loader = _setup(hidden, batch, steps)
+    _m, _o, warm = _setup(hidden, batch, WARMUP_STEPS)
     inst = None if mode == "plain" else _instrument(runtime, mode != "otelgpu", factory)
-    _epoch(model, opt, loader)  # warm-up: discovery, first windows, lazy imports
+    _epoch(model, opt, warm)  # warm-up: discovery, lazy imports (valgrind runs it slowly)
     if inst is not None:
         _settle()
 
@@ -430,7 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument(
-        "--callgrind-steps", type=int, default=100, help="steps counted under callgrind (0: off)"
+        "--callgrind-steps",
+        type=int,
+        default=EVERY,
+        help="steps counted under callgrind (0: off; a multiple of the exchange period)",
     )
     parser.add_argument("--callgrind-child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true")

@@ -121,7 +121,7 @@ def _settle() -> int:
     while exchange.completed + exchange.timeouts < active.windows_sent:
         if time.monotonic() > deadline:
             break
-        time.sleep(0.001)
+        time.sleep(0.005)
     return int(active.windows_sent)
 
 
@@ -358,6 +358,9 @@ def _traceml(reps: int, steps: int, hidden: int, batch: int) -> dict[str, Any] |
 
 def _callgrind_child(mode: str, steps: int, hidden: int, batch: int) -> int:
     """Runs under callgrind with collection off; switches it on around ``steps`` steps."""
+    from otelgpu import diagnosis as D
+    from otelgpu.diagnosis import training as T
+
     torch.set_num_threads(1)
     runtime, _reader = _runtime()
     factory = _store_exchange()
@@ -366,6 +369,13 @@ def _callgrind_child(mode: str, steps: int, hidden: int, batch: int) -> int:
     inst = None if mode == "plain" else _instrument(runtime, mode != "otelgpu", factory)
     _epoch(model, opt, warm)  # warm-up: discovery, lazy imports (valgrind runs it slowly)
     if inst is not None:
+        _settle()
+    active = D.active()
+    if active is not None and active.settings.exchange_every:
+        # One window exchanged before counting (the exchange's set-up and thread start are
+        # once per process); the counted steps then close exactly one window of their own.
+        window, active._window = active._window, T._Window()
+        active._send(window, 0)
         _settle()
 
     def control(state: str) -> None:
@@ -386,14 +396,16 @@ def _callgrind_child(mode: str, steps: int, hidden: int, batch: int) -> int:
     return 0
 
 
-def _callgrind(steps: int, hidden: int, batch: int) -> dict[str, float] | str:
+def _callgrind(
+    steps: int, hidden: int, batch: int, modes: Sequence[str] = MODES
+) -> dict[str, float] | str:
     """Instructions per step of each mode (children under callgrind, run in parallel)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None or shutil.which("callgrind_control") is None:
         return "valgrind not installed"
     with tempfile.TemporaryDirectory() as tmp:
         children = {}
-        for mode in MODES:
+        for mode in modes:
             cmd = [
                 valgrind,
                 "--tool=callgrind",

@@ -44,6 +44,7 @@ class _Instruments:
         self.phase_attrs = {p: {N.ATTR_PHASE: p} for p in N.PHASES}
         # series keys frozen once: a step's seven records skip the per-call freeze
         self.phase_keys = {p: freeze(a) for p, a in self.phase_attrs.items()}
+        self.span_keys = {p: N.SPAN_PHASE_PREFIX + p for p in N.PHASES}
 
     def observe_skew(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self.lock:
@@ -79,12 +80,20 @@ class Emitter:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ phases
-    def phases(self, phases: Mapping[str, int]) -> None:
-        """Records one step's phases (ns) into the phase sketch (seconds)."""
+    def phases(self, phases: Mapping[str, int], fields: dict[str, Any] | None = None) -> None:
+        """Records one step's phases (ns) into the phase sketch (seconds); with ``fields``,
+        also sets the step span's phase attributes (seconds) there."""
         inst = self._inst
         record, attrs, keys = inst.phase.record_frozen, inst.phase_attrs, inst.phase_keys
+        if fields is None:
+            for p, ns in phases.items():
+                record(ns / 1e9, keys[p], attrs[p])
+            return
+        span_keys = inst.span_keys
         for p, ns in phases.items():
-            record(ns / 1e9, keys[p], attrs[p])
+            s = ns / 1e9
+            record(s, keys[p], attrs[p])
+            fields[span_keys[p]] = s
 
     def set_skew(self, rank: int, skew: float) -> None:
         """This rank's latest skew (exported by ``otelgpu.train.rank.skew``)."""
@@ -118,6 +127,11 @@ class Emitter:
         with self._lock:
             self._pending.append(event)
             del self._pending[:-16]  # bounded
+
+    def has_events(self) -> bool:
+        """Whether events are pending (a lock-free peek: one that arrives meanwhile is
+        taken with the next step)."""
+        return bool(self._pending)
 
     def take_events(self) -> list[Event]:
         with self._lock:

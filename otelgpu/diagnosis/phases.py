@@ -50,6 +50,17 @@ def overlap(xs: Sequence[Interval], ys: Sequence[Interval]) -> int:
     return got
 
 
+def _clipped_total(intervals: Iterable[Interval], start_ns: int, end_ns: int) -> int:
+    """``total(clip(intervals, start_ns, end_ns))`` without the intermediate list."""
+    got = 0
+    for a, b in intervals:
+        a = max(a, start_ns)
+        b = min(b, end_ns)
+        if b > a:
+            got += b - a
+    return got
+
+
 def split_step(
     start_ns: int,
     end_ns: int,
@@ -62,15 +73,25 @@ def split_step(
     backward: Sequence[Interval] = (),
     comm: Sequence[Interval] = (),
 ) -> dict[str, int]:
-    """Phase durations (ns) of one step, keyed as ``names.PHASES``; they sum to the step."""
+    """Phase durations (ns) of one step, keyed as ``names.PHASES``; they sum to the step.
+
+    Runs once per step on the telemetry thread: the common case (no collective inside the
+    step) builds no intermediate lists.
+    """
     duration = max(0, end_ns - start_ns)
-    fwd = clip(forward, start_ns, end_ns)
-    bwd = clip(backward, start_ns, end_ns)
-    coll = clip(comm, start_ns, end_ns)
+    if comm:
+        fwd = clip(forward, start_ns, end_ns)
+        bwd = clip(backward, start_ns, end_ns)
+        coll = clip(comm, start_ns, end_ns)
+        f = total(fwd) - overlap(fwd, coll)
+        b = total(bwd) - overlap(bwd, coll)
+    else:
+        f = _clipped_total(forward, start_ns, end_ns) if forward else 0
+        b = _clipped_total(backward, start_ns, end_ns) if backward else 0
     phases = {
         "data": max(0, data_ns),
-        "forward": max(0, total(fwd) - overlap(fwd, coll)),
-        "backward": max(0, total(bwd) - overlap(bwd, coll)),
+        "forward": max(0, f),
+        "backward": max(0, b),
         "optimizer": max(0, optimizer_ns),
         "comm": max(0, comm_ns),
         "checkpoint": max(0, checkpoint_ns),

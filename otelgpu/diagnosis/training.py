@@ -60,14 +60,15 @@ class _Window:
 
     The summary sent is the per-step **median** of each phase and collective slot: one
     slow step (a GC pause, a preempted core) moves a mean, not a median, while a rank that
-    is slow step after step moves both.
+    is slow step after step moves both. Per step only references are kept (the step's
+    phase dict, its slots when it had collectives); the medians are taken once per window.
     """
 
     def __init__(self) -> None:
         self.steps = 0
         self.step_ns: list[int] = []
-        self.phases: dict[str, list[int]] = {p: [] for p in N.PHASES}
-        self.slots: list[list[int]] = [[] for _ in range(COMM_SLOTS)]
+        self.rows: list[Mapping[str, int]] = []
+        self.slot_rows: list[tuple[int, list[int]]] = []  # (index in window, slots)
         self.first_step = 0
         self.last_step = 0
         self.start_ns = 0
@@ -76,18 +77,42 @@ class _Window:
     def add(self, record: Any, phases: Mapping[str, int], slots: list[int]) -> None:
         if not self.steps:
             self.first_step, self.start_ns = record.step, record.start_ns
+        if slots:
+            self.slot_rows.append((self.steps, slots))
         self.steps += 1
         self.last_step, self.end_ns = record.step, record.end_ns
         self.step_ns.append(record.end_ns - record.start_ns)
-        for p in N.PHASES:
-            self.phases[p].append(phases.get(p, 0))
-        padded = [*slots[: COMM_SLOTS - 1], sum(slots[COMM_SLOTS - 1 :])]
-        for j in range(COMM_SLOTS):
-            self.slots[j].append(padded[j] if j < len(padded) else 0)
+        self.rows.append(phases)
+
+    @property
+    def phases(self) -> dict[str, list[int]]:
+        """Per phase, its value on every step of the window."""
+        return {p: [row.get(p, 0) for row in self.rows] for p in N.PHASES}
+
+    @property
+    def slots(self) -> list[list[int]]:
+        """Per collective slot, its host time on every step (0 where the step had none;
+        the last slot holds the sum of the step's further collectives)."""
+        out = [[0] * self.steps for _ in range(COMM_SLOTS)]
+        for i, slots in self.slot_rows:
+            padded = [*slots[: COMM_SLOTS - 1], sum(slots[COMM_SLOTS - 1 :])]
+            for j, v in enumerate(padded):
+                out[j][i] = v
+        return out
 
     @staticmethod
     def median_s(values: list[int]) -> float:
         return float(statistics.median(values)) / 1e9 if values else 0.0
+
+
+def _memory_snapshot(probe: Any) -> Any:
+    """The allocator snapshot a step's probe took, or None.
+
+    The probe is the torch instrumentation's ``StepProbe`` (``.memory`` = ``(snapshot,
+    new OOMs, new retries)`` or None); a bare ``(snapshot, ...)`` tuple is read the same.
+    """
+    memory = getattr(probe, "memory", probe)
+    return memory[0] if isinstance(memory, tuple) and memory else None
 
 
 def _file_baseline(path: str | None) -> Any:
@@ -140,10 +165,12 @@ class TrainingDiagnosis:
         self.windows_sent = 0
 
     # ------------------------------------------------------------------ plumbing
-    def emitter(self) -> Emitter | None:
-        rt = self._runtime_source()
+    def emitter(self, rt: Any = None) -> Emitter | None:
+        """The emitter of the current runtime (``rt``: that runtime, when just looked up)."""
         if rt is None:
-            return None
+            rt = self._runtime_source()
+            if rt is None:
+                return None
         if self._emitter is None or self._emitter_rt is not rt:
             self._emitter = Emitter(rt)
             self._emitter_rt = rt
@@ -160,56 +187,67 @@ class TrainingDiagnosis:
     def observe_step(
         self, record: Any, fields: dict[str, Any], events: list[tuple[str, int, dict[str, object]]]
     ) -> None:
-        """One finished step (telemetry thread): phases, detectors, window, events."""
+        """One finished step (telemetry thread): phases, detectors, window, events.
+
+        Runs for every step, so it allocates little: the phase dict is made once and kept
+        by reference (span fields, sketches, run summary, window); the detectors' work
+        beyond an append happens when their windows close.
+        """
         if self.closed:
             return
-        emitter = self.emitter()
+        rt = self._runtime_source()
+        if rt is None:
+            return
+        emitter = self._emitter if self._emitter_rt is rt else self.emitter(rt)
         if emitter is None:
             return
         if self.phase_source is not None:
             phases, slots = self.phase_source.take(record)
         else:
             phases, slots = record_phases(record), []
-        for p, ns in phases.items():
-            fields[N.SPAN_PHASE_PREFIX + p] = ns / 1e9
-        emitter.phases(phases)
-        self.summary.add_step(record.start_ns, record.end_ns, phases)
-        duration_s = (record.end_ns - record.start_ns) / 1e9
-        now = record.end_ns
-        for finding in self._detect(record, phases, duration_s):
-            events.append(emitter.finding(finding, now))
-            self.summary.add_finding(finding)
-        events.extend(emitter.take_events())
-        self._window.add(record, phases, slots)
+        emitter.phases(phases, fields)  # the phase sketch and the span's phase attributes
+        start, end = record.start_ns, record.end_ns
+        self.summary.add_step(start, end, phases)
+        found = self._detect(rt, record, phases, end - start)
+        if found:
+            for finding in found:
+                events.append(emitter.finding(finding, end))
+                self.summary.add_finding(finding)
+        if emitter.has_events():
+            events.extend(emitter.take_events())
+        window = self._window
+        window.add(record, phases, slots)
         every = self.settings.exchange_every
-        if every and self._window.steps >= every:
-            window, self._window = self._window, _Window()
+        if every and window.steps >= every:
+            self._window = _Window()
             self._send(window, record.step // every)
 
-    def _detect(self, record: Any, phases: Mapping[str, int], duration_s: float) -> list[Finding]:
-        found = []
-        f = self.drift.add(duration_s)
+    def _detect(
+        self,
+        rt: Any,
+        record: Any,
+        phases: Mapping[str, int],
+        duration_ns: int,
+    ) -> list[Finding] | None:
+        found = None
+        f = self.drift.add(duration_ns / 1e9)
         if f is not None:
-            found.append(f)
-        share = phases.get("data", 0) / max(1, record.end_ns - record.start_ns)
-        util = self._utilization(record)
+            found = [f]
+        share = phases.get("data", 0) / max(1, duration_ns)
+        sampler = getattr(rt, "sampler", None)
+        util = self._utilization(sampler, record) if sampler is not None else None
         f = self.dips.add(util if util is not None else 1.0 - share, share)
         if f is not None:
-            found.append(f)
-        probe = getattr(record, "probe", None)
-        snap = probe[0] if isinstance(probe, tuple) and probe else None
+            found = [*(found or ()), f]
+        snap = _memory_snapshot(getattr(record, "probe", None))
         allocated = getattr(snap, "allocated_bytes", None)
         if isinstance(allocated, int):
             f = self.creep.add(allocated, self._memory_limit(snap))
             if f is not None:
-                found.append(f)
+                found = [*(found or ()), f]
         return found
 
-    def _utilization(self, record: Any) -> float | None:
-        rt = self._runtime_source()
-        sampler = getattr(rt, "sampler", None)
-        if sampler is None:
-            return None
+    def _utilization(self, sampler: Any, record: Any) -> float | None:
         try:
             windows = sampler.windows(record.start_ns, record.end_ns)
         except Exception as exc:  # noqa: BLE001 - best effort
@@ -276,7 +314,7 @@ class TrainingDiagnosis:
             return
         uuid, gpu = self._gpu_state(window.start_ns, window.end_ns)
         m = window.median_s
-        slots = [m(v) for v in window.slots]
+        slots = [m(v) for v in window.slots] if window.slot_rows else []
         while slots and slots[-1] == 0.0:
             slots.pop()
         summary = RankSummary(

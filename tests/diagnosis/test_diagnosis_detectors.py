@@ -172,6 +172,38 @@ def test_diagnosis_memory_creep_silent(seed: int) -> None:
     assert found == []
 
 
+def test_diagnosis_memory_creep_fed_from_the_step_probe() -> None:
+    """The torch instrumentation's step records carry the allocator snapshot in a
+    ``StepProbe``; the training diagnosis reads it from there, so a leak becomes a finding
+    (a span event of the step and a counted finding), and a flat allocator stays silent."""
+    from torch_helpers import RuntimeHarness
+
+    from otelgpu.diagnosis import names as N
+    from otelgpu.diagnosis.settings import resolve
+    from otelgpu.diagnosis.training import TrainingDiagnosis
+    from otelgpu.instrumentation.torch._memory import MemorySnapshot
+    from otelgpu.instrumentation.torch._steps import StepRecord
+    from otelgpu.instrumentation.torch._telemetry import StepProbe
+
+    gib = 1 << 30
+    for leak, expected in ((64 << 20, True), (0, False)):
+        h = RuntimeHarness()
+        try:
+            d = TrainingDiagnosis(lambda h=h: h.runtime, resolve({"exchange_every": 0}))
+            names = []
+            for step in range(1, 301):
+                snap = MemorySnapshot(0, 40 * gib + step * leak, 0, 0, 0, 0, 0, 0)
+                record = StepRecord(step=step, start_ns=step * 10**7, end_ns=step * 10**7 + 10**6)
+                record.probe = StepProbe((snap, 0, 0), None)
+                events: list[tuple[str, int, dict[str, object]]] = []
+                d.observe_step(record, {}, events)
+                names += [e[0] for e in events]
+            assert (N.EVENT_PREFIX + "memory_creep" in names) is expected, names
+            assert d.verdict().findings.get("memory_creep", 0) == (1 if expected else 0)
+        finally:
+            h.close()
+
+
 # ----------------------------------------------------------------------------- stragglers
 def _row(rank: int, **phases: float) -> RankSummary:
     base = {

@@ -177,6 +177,60 @@ def test_diagnosis_hooks_are_undone(harness: RuntimeHarness) -> None:
     assert not model._forward_pre_hooks
 
 
+def test_diagnosis_roots_stay_copyable_and_compilable(harness: RuntimeHarness) -> None:
+    """After discovery the model is timed without hooks of its own: it can still be
+    deep-copied (an EMA model) and saved whole (``torch.save(model)``), the copies are
+    plain modules, and a compiled call put in its slot later (what ``module.compile()``
+    does) is timed from the next backward on and handed back at uninstrument."""
+    import copy
+    import io
+
+    harness.instrument(exchange_every=0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        net(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(4):
+        step()
+    assert not net._forward_pre_hooks and not net._forward_hooks
+    assert "_compiled_call_impl" in vars(net)  # timed through the slot
+    ema = copy.deepcopy(net)
+    buf = io.BytesIO()
+    torch.save(net, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for m in (ema, loaded):
+        assert "_compiled_call_impl" not in vars(m)
+        assert torch.equal(m(x), net(x))
+    step()  # the forwards above are the next step's: close it
+    calls = []
+
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return net._call_impl(*args, **kwargs)
+
+    net._compiled_call_impl = compiled
+    for _ in range(4):
+        step()
+    flush()
+    assert len(calls) == 4  # theirs always runs
+    spans = harness.step_spans()
+    assert [dict(s.attributes)[N.SPAN_PHASE_PREFIX + "forward"] > 0 for s in spans[-4:]] == [
+        False,  # replaced before this step's forward: untimed until its backward
+        True,
+        True,
+        True,
+    ]
+    harness.close()
+    assert vars(net)["_compiled_call_impl"] is compiled  # handed back
+
+
 def test_diagnosis_split_step_rules() -> None:
     # collectives inside forward count once, as comm
     got = split_step(

@@ -7,6 +7,7 @@ traces), so each case is a realistic series, not a staircase.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import random
 import threading
@@ -176,7 +177,7 @@ def test_diagnosis_memory_creep_fed_from_the_step_probe() -> None:
     """The torch instrumentation's step records carry the allocator snapshot in a
     ``StepProbe``; the training diagnosis reads it from there, so a leak becomes a finding
     (a span event of the step and a counted finding), and a flat allocator stays silent."""
-    from torch_helpers import RuntimeHarness
+    from fixtures.torch_runtime import RuntimeHarness
 
     from otelgpu.diagnosis import names as N
     from otelgpu.diagnosis.settings import resolve
@@ -189,7 +190,9 @@ def test_diagnosis_memory_creep_fed_from_the_step_probe() -> None:
     for leak, expected in ((64 << 20, True), (0, False)):
         h = RuntimeHarness()
         try:
-            d = TrainingDiagnosis(lambda h=h: h.runtime, resolve({"exchange_every": 0}))
+            d = TrainingDiagnosis(
+                functools.partial(getattr, h, "runtime"), resolve({"exchange_every": 0})
+            )
             names = []
             for step in range(1, 301):
                 snap = MemorySnapshot(0, 40 * gib + step * leak, 0, 0, 0, 0, 0, 0)

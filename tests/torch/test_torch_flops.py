@@ -116,6 +116,31 @@ def test_zero_code_mfu_from_counted_flops(run: RuntimeHarness) -> None:
     assert mfu.count == len(with_mfu)
 
 
+def test_a_later_instrumentation_of_the_same_model_reuses_the_count(run: RuntimeHarness) -> None:
+    # instrument(); train; uninstrument(); instrument() again (a notebook re-run): the model
+    # was counted once in this process, so no step is counted again and MFU comes sooner.
+    model = Model()
+    run.instrument()
+    train(model, STEPS, seq=8)
+    assert _counter().measured == 1
+    first_run = len(_spans(run))
+    TorchInstrumentor().uninstrument()
+    run.instrument()
+    train(model, STEPS, seq=8)
+    counter = _counter()
+    assert counter.measured == 0 and counter.failure is None
+    again = _spans(run)[first_run:]
+    with_mfu = [s for s in again if "otelgpu.train.mfu" in s]
+    # only the warm-up and discovery steps carry none (no counted step this time)
+    assert (
+        len(again) - len(with_mfu)
+        == first_run - len([s for s in _spans(run)[:first_run] if "otelgpu.train.mfu" in s]) - 1
+    )
+    assert all(
+        s["otelgpu.train.flops"] == pytest.approx(analytic_flops(8), rel=0.01) for s in with_mfu
+    )
+
+
 def test_shape_change_is_counted_again(run: RuntimeHarness) -> None:
     run.instrument()
     model = Model()

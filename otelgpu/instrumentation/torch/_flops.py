@@ -19,7 +19,9 @@ table of ``otelgpu.gpu_truth.peaks``). Between two closes it runs in three phase
    the step's signature. The counted step itself carries no FLOPs: its duration includes
    the counter's overhead (a Python dispatch per op and per module call -- on CPU about
    1.5-3x a plain step, measured in ``docs/gpu-truth.md``), so its MFU would be low.
-3. **Watch** (every later step): the step's signature selects the cached figure. A step
+3. **Watch** (every later step): the step's signature selects the cached figure. The
+   figures are kept per model for the whole process: a later ``instrument()`` over the
+   same model goes from discovery straight to watching (no step is counted again). A step
    whose signature was never counted (a new sequence length, a new batch size) carries
    no FLOPs and the next step is counted again, at most :data:`MAX_MEASURES` signatures
    in all; then counting stops for good and that is logged once (steps of uncounted
@@ -68,6 +70,11 @@ MAX_MEASURES = 8
 _WHERE = "torch.flops"
 _START, _DISCOVER, _COUNT, _WATCH, _OFF = "start", "discover", "count", "watch", "off"
 _UNCOUNTED_RULES = frozenset({"compiled", "engine"})
+
+_COUNTED: weakref.WeakKeyDictionary[Any, dict[Hashable, int]] = weakref.WeakKeyDictionary()
+"""Figures already counted in this process, per first root module (the model): a later
+``instrument()`` over the same model (a notebook re-run, a second ``Trainer.train``)
+reuses them instead of counting again. Weak: a model that is gone takes its figures."""
 
 
 class FlopsCounter:
@@ -141,7 +148,10 @@ class FlopsCounter:
                 self.phase = _DISCOVER
         elif phase == _DISCOVER:
             self._discover_end()
-            self._count_next()
+            if self._reuse_counted():
+                self.phase = _WATCH
+            else:
+                self._count_next()
         else:  # _COUNT; the counted step's own duration includes the counter's overhead
             counted = self._leave()
             if counted is not None:
@@ -173,6 +183,19 @@ class FlopsCounter:
         self.failure = reason
         self.undo()
         return False
+
+    def _reuse_counted(self) -> bool:
+        """Share the process-wide figures of the discovered model (``_COUNTED``); True if
+        an earlier instrumentation counted it already (then no step is counted now)."""
+        ref = next(iter(self._roots.values()), None)
+        model = None if ref is None else ref()
+        if model is None:
+            return False
+        try:
+            self.by_signature = _COUNTED.setdefault(model, self.by_signature)
+        except TypeError:  # not weakly referenceable: keep this instance's own figures
+            return False
+        return bool(self.by_signature)
 
     def _count_next(self) -> None:
         """Enters the FLOP counter at the start of the next step."""

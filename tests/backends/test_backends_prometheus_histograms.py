@@ -48,10 +48,11 @@ from fixtures.backends import (
     wait_until,
 )
 from fixtures.processes import free_port
+from fixtures.pull import instrument_pull_only, tiny_request
 
 import otelgpu
 from otelgpu.otel import histogram_rule
-from otelgpu.runtime.records import RequestRecord, StepRecord
+from otelgpu.runtime.records import StepRecord
 
 pytestmark = [pytest.mark.backend, pytest.mark.usefixtures("reset_otel_globals")]
 
@@ -100,14 +101,7 @@ class Demo:
 def demo(tmp_path: Path) -> Iterator[Demo]:
     binary = require_binaries("prometheus")["prometheus"]
     port = free_port()
-    handle = otelgpu.instrument(
-        exporters="prometheus",
-        prometheus_port=port,
-        prometheus_rank_offset=False,
-        gpu=False,
-        frameworks="none",
-        traces_sampler="always_off",
-    )
+    handle = instrument_pull_only(port)
     servers: list[PrometheusServer] = []
     try:
         targets = [f"127.0.0.1:{port}"]
@@ -130,16 +124,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
                 values["steps_window"].append(d)
 
         def request(d: float, failed: bool) -> None:
-            runtime.record_request(
-                RequestRecord(
-                    t0,
-                    t0 + int(d * 1e9),
-                    model="tiny",
-                    output_tokens=8,
-                    outcome="error" if failed else "ok",
-                    error_type="timeout" if failed else None,
-                )
-            )
+            runtime.record_request(tiny_request(t0, d, failed))
             values["all"].append(d)
             if not failed:
                 values["ok"].append(d)

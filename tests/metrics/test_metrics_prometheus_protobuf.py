@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fixtures.pull import instrument_pull_only, tiny_request
 from google.protobuf import (  # type: ignore[import-untyped]  # no protobuf stubs in the test extras
     descriptor_pb2,
     descriptor_pool,
@@ -38,7 +39,7 @@ from otelgpu.otel import histogram_rule, prometheus_protobuf
 from otelgpu.otel.prometheus import SketchCollector
 from otelgpu.otel.pull_server import wants_protobuf
 from otelgpu.otel.stats import InternalStats
-from otelgpu.runtime.records import RequestRecord, StepRecord
+from otelgpu.runtime.records import StepRecord
 from otelgpu.sketch import QuantileSketch
 
 PROMETHEUS_ACCEPT = (
@@ -325,14 +326,7 @@ def endpoint(reset_otel_globals: None) -> Iterator[tuple[str, list[float]]]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    handle = otelgpu.instrument(
-        exporters="prometheus",
-        prometheus_port=port,
-        prometheus_rank_offset=False,
-        gpu=False,
-        frameworks="none",
-        traces_sampler="always_off",
-    )
+    handle = instrument_pull_only(port)
     try:
         runtime = handle.runtime
         assert runtime is not None
@@ -343,16 +337,7 @@ def endpoint(reset_otel_globals: None) -> Iterator[tuple[str, list[float]]]:
             d = rng.lognormvariate(math.log(0.3), 0.7)
             durations.append(d)
             failed = i % 10 == 0
-            runtime.record_request(
-                RequestRecord(
-                    t0,
-                    t0 + int(d * 1e9),
-                    model="tiny",
-                    output_tokens=8,
-                    outcome="error" if failed else "ok",
-                    error_type="timeout" if failed else None,
-                )
-            )
+            runtime.record_request(tiny_request(t0, d, failed))
             runtime.record_step(StepRecord(t0, t0 + int(d * 1e8)))
         yield f"http://127.0.0.1:{port}/metrics", durations
     finally:

@@ -4,7 +4,10 @@ A small MLP trains on CPU with steps of about 5 ms (DataLoader, AdamW, one backw
 step), with and without ``TorchInstrumentor``, in one process: repetitions are
 interleaved (plain, instrumented, plain, ...; the order flips every repetition) and the
 **median** of each mode's individual step times is compared (robust against bursts of
-load from other processes on a shared machine). The instrumented mode records into a real
+load from other processes on a shared machine). Each instrumented repetition starts with a
+fresh ``instrument()``; the first ``--settle`` steps of every repetition (both modes) are
+its start-up -- the one-off discovery of the model's phases and FLOP count -- and are
+reported apart from the steady state. The instrumented mode records into a real
 otelgpu Runtime on the OpenTelemetry SDK (batch span processor with a no-op exporter,
 metric reader), so span creation, sketches and counters are all paid for (the work of
 otelgpu's background step thread is flushed inside each timed repetition).
@@ -89,10 +92,12 @@ def _setup(hidden: int, batch: int, steps: int) -> tuple[Any, Any, Any]:
     return model, opt, loader
 
 
-def _epoch(model: Any, opt: Any, loader: Any) -> list[float]:
-    """Seconds of each step (batch fetch to the end of ``zero_grad``) over one pass."""
+def _epoch(model: Any, opt: Any, loader: Any, settle: int = 0) -> tuple[list[float], float]:
+    """Seconds of each step (batch fetch to the end of ``zero_grad``) over one pass, and
+    the process CPU time (all threads) from the end of step ``settle`` to the end."""
     out = []
     clock = time.perf_counter
+    cpu0 = time.process_time()
     t0 = clock()
     for x, y in loader:
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -101,8 +106,11 @@ def _epoch(model: Any, opt: Any, loader: Any) -> list[float]:
         opt.zero_grad(set_to_none=True)
         t1 = clock()
         out.append(t1 - t0)
+        if len(out) == settle:
+            cpu0 = time.process_time()
+            t1 = clock()
         t0 = t1
-    return out
+    return out, time.process_time() - cpu0
 
 
 def _components(runtime: Any) -> dict[str, float]:
@@ -160,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per repetition")
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument(
+        "--settle",
+        type=int,
+        default=5,
+        help="first steps of every repetition (both modes) left out of the steady-state "
+        "figures and reported as the start-up cost of instrument()",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not write results/torch.md")
     parser.add_argument("--span-every", type=int, default=None, help="TorchInstrumentor span_every")
     parser.add_argument(
@@ -182,29 +197,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     _epoch(model, opt, loader)  # warm-up of the instrumented path (instruments created)
     inst.uninstrument()
 
+    settle = max(0, min(args.settle, args.steps - 1))
     times: dict[str, list[float]] = {"plain": [], "instrumented": []}
     cpu: dict[str, float] = {"plain": 0.0, "instrumented": 0.0}
+    # Per repetition: seconds of the settle steps plus instrument()/uninstrument() calls.
+    startup: dict[str, list[float]] = {"plain": [], "instrumented": []}
     for rep in range(args.reps):
         order = ("plain", "instrumented") if rep % 2 == 0 else ("instrumented", "plain")
         for mode in order:
+            s0 = time.perf_counter()
             if mode == "instrumented":
                 inst.instrument(runtime=runtime, **options)
+            s_inst = time.perf_counter() - s0
             try:
-                c0 = time.process_time()
-                steps = _epoch(model, opt, loader)
+                steps, cpu_steady = _epoch(model, opt, loader, settle)
                 if mode == "instrumented":
                     # Charge the background thread's queued work to this repetition.
                     f0 = time.perf_counter()
+                    c0 = time.process_time()
                     flush()
                     if args.export is not None:  # and the export of the spans it produced
                         runtime.pipeline.tracer_provider.force_flush()
                     steps[-1] += time.perf_counter() - f0
-                times[mode].extend(steps)
-                cpu[mode] += time.process_time() - c0
+                    cpu_steady += time.process_time() - c0
+                startup[mode].append(s_inst + sum(steps[:settle]))
+                times[mode].extend(steps[settle:])
+                cpu[mode] += cpu_steady
             finally:
                 if mode == "instrumented":
                     inst.uninstrument()
     cpu_step = {mode: cpu[mode] / len(times[mode]) for mode in cpu}
+    startup_ms = (
+        statistics.median(startup["instrumented"]) - statistics.median(startup["plain"])
+    ) * 1e3
 
     plain = statistics.median(times["plain"])
     instrumented = statistics.median(times["instrumented"])
@@ -239,8 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sliced encoder, `step_spans_per_second=0`), flushed inside each timed "
             "repetition. "
         )
-        + f"{args.reps} interleaved repetitions of {args.steps} steps per mode; "
-        "median, 10th and 90th percentile of the individual step times.",
+        + f"{args.reps} interleaved repetitions of {args.steps} steps per mode, each "
+        "instrumented repetition a fresh `instrument()`; the first "
+        f"{settle} steps of every repetition (both modes) are the start-up (reported "
+        "apart, below), the rest the steady state: median, 10th and 90th percentile of "
+        "its individual step times.",
         "",
         "| mode | steps | median step | p10 | p90 |",
         "|---|---|---|---|---|",
@@ -254,7 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{TARGET * 100:.0f} %). Steps recorded: {steps_recorded} of {expected_steps} "
         "(every step has a span and metrics).",
         "",
-        "Process CPU time per step (all threads): "
+        f"Start-up, once per `instrument()`: **{startup_ms:+.1f} ms** (median over the "
+        f"repetitions of `instrument()` plus the first {settle} steps, minus the same steps "
+        "plain): the one-off discovery of the model's phases and its FLOP count.",
+        "",
+        "Steady-state process CPU time per step (all threads): "
         f"plain {cpu_step['plain'] * 1e3:.3f} ms, "
         f"instrumented {cpu_step['instrumented'] * 1e3:.3f} ms "
         f"({(cpu_step['instrumented'] / cpu_step['plain'] - 1) * 100:+.2f} %).",

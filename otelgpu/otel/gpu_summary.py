@@ -3,9 +3,10 @@
 A span used to carry the per-GPU detail of every GPU of the process (a list of UUIDs, and
 a ``WindowStats`` object built per GPU per span): 8 GPUs cost 5x one GPU on the hot path
 and in the encoder. The per-GPU series are in the ``hw.*`` metrics anyway; a span needs
-the aggregate, which GPU was the worst, and health flags. :class:`GpuSummarizer` reads the
-sampler's raw window tuples (one C query per GPU, no objects built) and the window's
-events once for all GPUs, and returns:
+the aggregate, which GPU was the worst, and health flags. :class:`GpuSummarizer` asks the
+sampler for one ``RawSummary`` of the window over all GPUs (``GpuSampler.summary``: one
+call into the native core, which aggregates in C; the pure core follows the same rules)
+and returns:
 
 ====================================== ======== =============================================
 attribute                              unit     meaning (over the window)
@@ -43,17 +44,14 @@ from typing import Any
 
 from otelgpu.otel.gpu_context import _FIELDS as _CONTEXT_FIELDS
 from otelgpu.sampler import _fields as F
+from otelgpu.sampler._records import RawSummary
 from otelgpu.sampler._types import GPM_WINDOW_FIELDS
 
 _UTIL = F.F_UTIL
 _MEMORY = F.F_MEMORY
 _ENERGY = F.F_ENERGY
 _TEMP = F.F_TEMP
-_REASONS = F.F_REASONS
-_ECC_UNCORR = F.F_ECC_UNCORR
-_XID = "xid"
-_GPM = F.F_GPM
-#: (GPM slot in the raw window, span attribute): the GPM fields gpu_context names.
+#: (GPM slot in the summary, span attribute): the GPM fields gpu_context names.
 _GPM_ATTRIBUTES: tuple[tuple[int, str], ...] = tuple(
     (GPM_WINDOW_FIELDS.index(field), attribute)
     for attribute, field, _combine, _scale in _CONTEXT_FIELDS
@@ -67,142 +65,69 @@ class GpuSummarizer:
     def __init__(self, sampler: Any) -> None:
         self._sampler = sampler
         self._uuids: tuple[str, ...] = tuple(d.uuid for d in sampler.devices)
-        self._index = {u: i for i, u in enumerate(self._uuids)}
         self._reason_names: dict[int, tuple[str, ...]] = {}
+
+    def summary(
+        self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+    ) -> RawSummary | None:
+        """The sampler's ``RawSummary`` of ``[start_ns, end_ns]`` (all GPUs or ``devices``)."""
+        return self._sampler.summary(start_ns, end_ns, devices)  # type: ignore[no-any-return]
 
     def attributes(
         self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
     ) -> dict[str, Any]:
         """Span attributes of ``[start_ns, end_ns]`` over all GPUs or ``devices`` (UUIDs)."""
-        raws = self._sampler.raw_windows(start_ns, end_ns)
-        uuids = self._uuids
-        if devices is None:
-            picked = [(uuids[i], r) for i, r in enumerate(raws) if r is not None]
-        else:
-            index = self._index
-            picked = [
-                (u, raws[i])
-                for u in devices
-                if (i := index.get(u)) is not None and raws[i] is not None
-            ]
-        if not picked:
-            return {}
-        events = self._sampler.events(start_ns, end_ns) if _has_events(self._sampler) else ()
-        return self._summarise(picked, events, devices is not None)
+        raw = self._sampler.summary(start_ns, end_ns, devices)
+        return {} if raw is None else self.summary_attributes(raw, devices is not None)
 
-    def _summarise(
-        self, picked: list[tuple[str, Any]], events: Any, listed: bool
-    ) -> dict[str, Any]:
-        n = len(picked)
+    def summary_attributes(self, raw: RawSummary, listed: bool) -> dict[str, Any]:
+        """Span attributes of a ``RawSummary``; ``listed``: the caller chose the GPUs
+        (their UUIDs are then listed in ``otelgpu.gpu.ids``)."""
+        n = raw.n_devices
+        uuids = self._uuids
         out: dict[str, Any] = {"otelgpu.gpu.count": n}
-        util_sum = 0.0
-        util_n = 0
-        util_min = None
-        util_max = None
-        mem_util_sum = 0.0
-        peak = None
-        energy = None
-        energy_power = False
-        temp = None
-        samples = 0
-        tfrac_max = 0.0
-        reasons = 0
-        eccu = 0
-        lost_ids: list[str] = []
-        throttled_ids: list[str] = []
-        worst: tuple[Any, ...] | None = None
-        worst_id = picked[0][0]
-        gpm_sums: dict[int, float] = {}
-        gpm_counts: dict[int, int] = {}
-        for uuid, raw in picked:
-            valid = raw[2]
-            if valid & _GPM and len(raw) > 29:  # GPM (Hopper and newer): mean over GPUs
-                gpm_valid, gpm = raw[28], raw[29]
-                for slot, _attribute in _GPM_ATTRIBUTES:
-                    if gpm_valid >> slot & 1:
-                        gpm_sums[slot] = gpm_sums.get(slot, 0.0) + gpm[slot]
-                        gpm_counts[slot] = gpm_counts.get(slot, 0) + 1
-            samples += raw[0]
-            gmean = None
-            if valid & _UTIL:
-                gmean = raw[3]
-                util_sum += gmean
-                mem_util_sum += raw[6]
-                util_n += 1
-                if util_min is None or gmean < util_min:
-                    util_min = gmean
-                if util_max is None or raw[5] > util_max:
-                    util_max = raw[5]
-            if valid & _MEMORY and (peak is None or raw[7] > peak):
-                peak = raw[7]
-            if valid & _ENERGY:
-                energy = raw[11] if energy is None else energy + raw[11]
-                energy_power = energy_power or not raw[12]  # integrated power, no counter
-            if valid & _TEMP and (temp is None or raw[13] > temp):
-                temp = raw[13]
-            tfrac = 0.0
-            if valid & _REASONS:
-                tfrac = raw[16]
-                reasons |= raw[15]
-                if tfrac > 0:
-                    throttled_ids.append(uuid)
-                    if tfrac > tfrac_max:
-                        tfrac_max = tfrac
-            bad_ecc = raw[18] if valid & _ECC_UNCORR else 0
-            eccu += bad_ecc
-            if raw[1]:
-                lost_ids.append(uuid)
+        valid = raw.valid
+        if valid & _UTIL:
+            out["otelgpu.gpu.utilization.mean"] = raw.gpu_util_mean * 0.01
+            out["otelgpu.gpu.utilization.max"] = raw.gpu_util_max * 0.01
+            out["otelgpu.gpu.memory.utilization.mean"] = raw.mem_util_mean * 0.01
             if n > 1:
-                score = (bool(raw[1]), bad_ecc > 0, tfrac, -(gmean if gmean is not None else 0.0))
-                if worst is None or score > worst:
-                    worst, worst_id = score, uuid
-        if util_n:
-            out["otelgpu.gpu.utilization.mean"] = util_sum / util_n * 0.01
-            out["otelgpu.gpu.utilization.max"] = util_max * 0.01  # type: ignore[operator]
-            out["otelgpu.gpu.memory.utilization.mean"] = mem_util_sum / util_n * 0.01
-            if n > 1:
-                out["otelgpu.gpu.utilization.min"] = util_min * 0.01  # type: ignore[operator]
-        if peak is not None:
-            out["otelgpu.gpu.memory.peak"] = int(peak)
-        if energy is not None:
-            out["otelgpu.gpu.energy"] = energy
-            out["otelgpu.gpu.energy.source"] = "power" if energy_power else "counter"
-        if temp is not None:
-            out["otelgpu.gpu.temperature.max"] = float(temp)
-        out["otelgpu.gpu.samples"] = int(samples)
-        for slot, attribute in _GPM_ATTRIBUTES:
-            if slot in gpm_counts:
-                out[attribute] = gpm_sums[slot] / gpm_counts[slot] * 0.01
+                out["otelgpu.gpu.utilization.min"] = raw.gpu_util_min * 0.01
+        if valid & _MEMORY:
+            out["otelgpu.gpu.memory.peak"] = int(raw.mem_used_peak)
+        if valid & _ENERGY:
+            out["otelgpu.gpu.energy"] = raw.energy_j
+            out["otelgpu.gpu.energy.source"] = "counter" if raw.energy_from_counter else "power"
+        if valid & _TEMP:
+            out["otelgpu.gpu.temperature.max"] = float(raw.temp_max)
+        out["otelgpu.gpu.samples"] = int(raw.samples)
+        gpm_valid = raw.gpm_valid
+        if gpm_valid:
+            gpm = raw.gpm
+            for slot, attribute in _GPM_ATTRIBUTES:
+                if gpm_valid >> slot & 1:
+                    out[attribute] = gpm[slot] * 0.01
         if n == 1:
-            out["hw.id"] = worst_id
+            out["hw.id"] = uuids[raw.worst]
         else:
-            out["otelgpu.gpu.worst.id"] = worst_id
+            out["otelgpu.gpu.worst.id"] = uuids[raw.worst]
             if listed:
-                out["otelgpu.gpu.ids"] = [u for u, _ in picked]
+                out["otelgpu.gpu.ids"] = [uuids[i] for i in raw.devices]
         # ---- health flags: only when something happened
-        if tfrac_max > 0:
-            out["otelgpu.gpu.throttled_fraction"] = tfrac_max
+        if raw.throttled_fraction > 0:
+            out["otelgpu.gpu.throttled_fraction"] = raw.throttled_fraction
             if n > 1:
-                out["otelgpu.gpu.throttled.ids"] = throttled_ids
-        if reasons:
-            out["otelgpu.gpu.throttle_reasons"] = list(self._names(reasons))
-        if eccu:
-            out["otelgpu.gpu.ecc.uncorrected"] = int(eccu)
-        if lost_ids:
+                out["otelgpu.gpu.throttled.ids"] = [uuids[i] for i in raw.throttled]
+        if raw.reasons:
+            out["otelgpu.gpu.throttle_reasons"] = list(self._names(raw.reasons))
+        if raw.ecc_uncorr_delta:
+            out["otelgpu.gpu.ecc.uncorrected"] = int(raw.ecc_uncorr_delta)
+        if raw.lost:
             out["otelgpu.gpu.lost"] = True
             if n > 1:
-                out["otelgpu.gpu.lost.ids"] = lost_ids
-        if events:
-            wanted = {u for u, _ in picked}
-            xids = sorted(
-                {
-                    int(e.code)
-                    for e in events
-                    if _kind(e) == _XID and e.uuid in wanted and isinstance(e.code, int)
-                }
-            )
-            if xids:
-                out["otelgpu.gpu.xids"] = xids
+                out["otelgpu.gpu.lost.ids"] = [uuids[i] for i in raw.lost]
+        if raw.xids:
+            out["otelgpu.gpu.xids"] = list(raw.xids)
         return out
 
     def _names(self, bits: int) -> tuple[str, ...]:
@@ -214,18 +139,10 @@ class GpuSummarizer:
         return names
 
 
-def _kind(event: Any) -> str:
-    kind = getattr(event, "kind", None)
-    return str(getattr(kind, "value", kind))
-
-
-def _has_events(sampler: Any) -> bool:
-    return callable(getattr(sampler, "events", None))
-
-
 def summarizer_for(sampler: Any) -> GpuSummarizer | None:
-    """A summarizer for ``sampler``, or ``None`` when it lacks ``raw_windows`` (a stand-in
-    sampler: the caller then builds the per-GPU context from ``windows()``)."""
-    if callable(getattr(sampler, "raw_windows", None)) and getattr(sampler, "devices", None):
+    """A summarizer for ``sampler``, or ``None`` when it lacks ``summary`` or has no
+    devices yet (a stand-in sampler, or one still starting: the caller then builds the
+    per-GPU context from ``windows()``)."""
+    if callable(getattr(sampler, "summary", None)) and getattr(sampler, "devices", None):
         return GpuSummarizer(sampler)
     return None

@@ -11,6 +11,7 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from otelgpu.otel import gpu_context, gpu_summary
+from otelgpu.sampler._fields import F_ENERGY
 
 ReportError = Callable[[str, BaseException], None]
 
@@ -31,6 +32,15 @@ class GpuContext:
             return {}
         return {d.uuid: str(getattr(d, "name", "") or "") for d in sampler.devices}
 
+    def _summarizer(self, sampler: Any) -> gpu_summary.GpuSummarizer | None:
+        summary = self._summary
+        if summary is None or summary[0] is not sampler:
+            summarizer = gpu_summary.summarizer_for(sampler)
+            if summarizer is None and not getattr(sampler, "devices", None):
+                return None  # still starting: ask again next time
+            summary = self._summary = (sampler, summarizer)
+        return summary[1]
+
     def attributes(
         self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
     ) -> dict[str, Any]:
@@ -43,11 +53,9 @@ class GpuContext:
         if sampler is None:
             return {}
         try:
-            summary = self._summary
-            if summary is None or summary[0] is not sampler:
-                summary = self._summary = (sampler, gpu_summary.summarizer_for(sampler))
-            if summary[1] is not None:  # constant size for 1 or 8 GPUs (otel.gpu_summary)
-                return summary[1].attributes(start_ns, end_ns, devices)
+            summarizer = self._summarizer(sampler)
+            if summarizer is not None:  # constant size for 1 or 8 GPUs (otel.gpu_summary)
+                return summarizer.attributes(start_ns, end_ns, devices)
             windows = sampler.windows(start_ns, end_ns)
             if devices is not None:
                 windows = {u: windows[u] for u in devices if u in windows}
@@ -55,6 +63,26 @@ class GpuContext:
         except Exception as exc:  # noqa: BLE001 - GPU context is best effort
             self._report_error("gpu window", exc)
             return {}
+
+    def energy(
+        self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+    ) -> float | None:
+        """Energy (J) of ``[start_ns, end_ns]``, summed over the GPUs (or ``devices``) --
+        ``otelgpu.gpu.energy`` of :meth:`attributes` without building the attributes
+        (for a span nobody sees); ``None`` without a sampler or reading."""
+        sampler = self.sampler
+        if sampler is None:
+            return None
+        try:
+            summarizer = self._summarizer(sampler)
+            if summarizer is None:
+                joules = self.attributes(start_ns, end_ns, devices).get("otelgpu.gpu.energy")
+                return None if joules is None else float(joules)
+            raw = summarizer.summary(start_ns, end_ns, devices)
+            return raw.energy_j if raw is not None and raw.valid & F_ENERGY else None
+        except Exception as exc:  # noqa: BLE001 - GPU context is best effort
+            self._report_error("gpu window", exc)
+            return None
 
     def events(self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None) -> list[Any]:
         """GPU health events (``GpuEvent``) in ``[start_ns, end_ns]`` (of ``devices`` only)."""

@@ -22,9 +22,23 @@ from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.stats import InternalStats
 from otelgpu.runtime.gpu import GpuContext
 
-__all__ = ["Parts", "Recorder"]
+__all__ = ["Parts", "Recorder", "seen_by_processors"]
 
 R = TypeVar("R")
+
+
+def seen_by_processors(span: Span) -> bool:
+    """Whether anything will see ``span``'s attributes: it records, and -- for an SDK span --
+    its tracer provider has a span processor (e.g. not one with a Prometheus pull endpoint
+    only: its spans record, for their ids and sampling, but go nowhere).
+
+    Read per span, so a processor added to the provider later counts from then on. A span
+    of another SDK (without the SDK's processor attributes) counts as seen.
+    """
+    if not span.is_recording():
+        return False
+    processors = getattr(getattr(span, "_span_processor", None), "_span_processors", None)
+    return processors is None or len(processors) > 0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from otelgpu import _values
 from otelgpu.metrics import catalog
 from otelgpu.otel.counters import LocalCounter
 from otelgpu.otel.sketches import SketchHistogram, freeze
-from otelgpu.runtime.recorder import Parts, Recorder
+from otelgpu.runtime.recorder import Parts, Recorder, seen_by_processors
 from otelgpu.runtime.records import OUTCOMES, RequestRecord
 
 #: Most request label sets :meth:`RequestRecorder._labels` keeps.
@@ -186,9 +186,18 @@ class RequestRecorder(Recorder[RequestRecord]):
             labels = self._labels(record, outcome, error_type, attributes)
             # Energy per request and output token (otelgpu.gpu_truth.work): every request.
             gpu = self._gpu
-            context = gpu.attributes(start_ns, end_ns, devices) if gpu.sampler is not None else {}
-            work = self._work.request(context, output_tokens, labels.base)
-            if span.is_recording():  # an unsampled span gets no attribute dict built
+            if not seen_by_processors(span):
+                # Unsampled, or no span exporter (e.g. Prometheus only): no attribute is
+                # built, the GPU windows give the request's energy only.
+                if gpu.sampler is not None:
+                    joules = gpu.energy(start_ns, end_ns, devices)
+                    if joules is not None:
+                        energy = {"otelgpu.gpu.energy": joules}
+                        self._work.request(energy, output_tokens, labels.base)
+            else:
+                sampled = gpu.sampler is not None
+                context = gpu.attributes(start_ns, end_ns, devices) if sampled else {}
+                work = self._work.request(context, output_tokens, labels.base)
                 span_attrs: dict[str, Any] = {"otelgpu.request.outcome": outcome}
                 if ttft_s is not None:
                     span_attrs["otelgpu.request.time_to_first_token"] = ttft_s

@@ -15,7 +15,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from otelgpu import _values
 from otelgpu.metrics import catalog
-from otelgpu.runtime.recorder import Parts, Recorder
+from otelgpu.runtime.recorder import Parts, Recorder, seen_by_processors
 from otelgpu.runtime.records import StepRecord
 
 
@@ -85,7 +85,9 @@ class StepRecorder(Recorder[StepRecord]):
             # context even for an unsampled span: their sketches cover every step.
             gpu = self._gpu
             context = gpu.attributes(start_ns, end_ns, devices) if gpu.sampler is not None else {}
-            recording = span.is_recording()
+            # A span nobody sees (dropped by the OTel sampler, or a provider without span
+            # processor, e.g. Prometheus only) gets no attribute dict built.
+            recording = seen_by_processors(span)
             work = self._work.step(
                 span if recording else None,
                 context,
@@ -95,7 +97,7 @@ class StepRecorder(Recorder[StepRecord]):
                 _values.flops(record.flops, "flops", stats),
                 attributes or None,
             )
-            if recording:  # an unsampled span gets no attribute dict built
+            if recording:
                 attrs = step_attributes(duration_s, step, samples, tokens)
                 self._annotate(span, attrs, attributes, context, work, (start_ns, end_ns, devices))
                 failed = record.failed

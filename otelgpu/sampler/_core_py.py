@@ -38,8 +38,10 @@ from otelgpu.sampler._records import (
     ZERO_GPM,
     ZERO_REMAP,
     RawSample,
+    RawSummary,
     RawWindow,
 )
+from otelgpu.sampler._summary_py import summarise
 
 _logger = logging.getLogger(__name__)
 
@@ -663,6 +665,16 @@ class PyCore:
             d_prx, d_ntx, d_nrx, agg.mem_reserved, agg.mem_temp_max, d_replay,
             agg.enc_util_mean, agg.dec_util_mean, gpm_valid, gpm,
         )  # fmt: skip
+
+    def summary(self, s_ns: int, e_ns: int, devs: Sequence[int] | None = None) -> RawSummary | None:
+        """The windows of devices ``devs`` (indexes, in that order; default all) over
+        ``[s_ns, e_ns]`` summed up in one :class:`RawSummary` (rules: ``_summary_py``), with
+        the XID codes of their events in the window; ``None`` when none has data.
+        Out-of-range indexes are skipped."""
+        ndev = len(self._dev)
+        order = range(ndev) if devs is None else [i for i in devs if 0 <= i < ndev]
+        windows = [(i, self.window(i, s_ns, e_ns)) for i in order]
+        return summarise(windows, self.events(s_ns, e_ns, -1, F.EV_XID))
 
     def events(self, s_ns: int, e_ns: int, dev: int = -1, kind: int = -1) -> list[tuple[int, ...]]:
         """Retained raw events ``(t, dev, kind, code, detail)`` in ``[s_ns, e_ns]``, oldest first.

@@ -85,11 +85,36 @@ class RawWindow(NamedTuple):
     gpm: tuple[float, ...]
 
 
-RAW_SAMPLE_FIELDS = list(RawSample._fields)
-RAW_WINDOW_FIELDS = list(RawWindow._fields)
-_NGPM = len(F.GPM_METRICS)
-_ZERO_GPM = (0.0,) * _NGPM
-_ZERO_REMAP = (0, 0, 0, 0)
+class RawSummary(NamedTuple):
+    """Window statistics summed up over several devices (see ``PyCore.summary``).
+
+    A field counts only when its ``F_*`` bit is set in ``valid`` (some device had it):
+    ``F_UTIL`` (the utilization fields), ``F_MEMORY``, ``F_ENERGY``, ``F_TEMP``,
+    ``F_REASONS`` (throttling) and ``F_GPM`` (``gpm[k]`` when bit ``k`` of ``gpm_valid``).
+    Device positions (``worst``, ``lost``, ``throttled``) are sampler device indexes.
+    """
+
+    n_devices: int  # devices with data in the window
+    devices: tuple[int, ...]  # those devices, in the order asked
+    samples: int  # samples behind the figures, sum over devices
+    valid: int
+    gpu_util_mean: float  # mean over devices of each device's mean (percent)
+    gpu_util_min: float  # lowest per-device mean (percent)
+    gpu_util_max: float  # highest sample of any device (percent)
+    mem_util_mean: float  # mean over devices of each device's mean (percent)
+    mem_used_peak: int  # highest memory used on any device (bytes)
+    energy_j: float  # sum over devices
+    energy_from_counter: int  # 1 when every device's energy came from its counter
+    temp_max: int  # hottest sample of any device (Celsius)
+    throttled_fraction: float  # highest per-device share of throttled samples
+    reasons: int  # union of the throttle reason bits
+    ecc_uncorr_delta: int  # new uncorrected ECC errors, sum over devices
+    worst: int  # lost, else uncorrected ECC, else most throttled, else least utilized
+    lost: tuple[int, ...]  # lost devices
+    throttled: tuple[int, ...]  # devices with throttled samples
+    xids: tuple[int, ...]  # XID codes of the devices' events in the window, sorted, unique
+    gpm_valid: int
+    gpm: tuple[float, ...]  # mean over the devices that have metric k
 
 
 RAW_SAMPLE_FIELDS = list(RawSample._fields)
@@ -98,4 +123,4 @@ NGPM = len(F.GPM_METRICS)
 ZERO_GPM = (0.0,) * NGPM
 ZERO_REMAP = (0, 0, 0, 0)
 
-__all__ = ["RAW_SAMPLE_FIELDS", "RAW_WINDOW_FIELDS", "RawSample", "RawWindow"]
+__all__ = ["RAW_SAMPLE_FIELDS", "RAW_WINDOW_FIELDS", "RawSample", "RawSummary", "RawWindow"]

@@ -23,10 +23,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from otelgpu.nvml._node import LostGpu, NodeInventory, read_node
+from otelgpu.sampler._records import RawSummary
 from otelgpu.sampler._sampler import BaseGpuSampler, SamplerStats, _validate
 from otelgpu.sampler._types import GpuEvent, GpuSample, WindowStats
 
@@ -243,6 +244,12 @@ class DeferredSampler:
     def windows(self, start_ns: int, end_ns: int) -> dict[str, WindowStats]:
         sampler = self._sampler
         return sampler.windows(start_ns, end_ns) if sampler is not None else {}
+
+    def summary(
+        self, start_ns: int, end_ns: int, uuids: Sequence[str] | None = None
+    ) -> RawSummary | None:
+        sampler = self._sampler
+        return sampler.summary(start_ns, end_ns, uuids) if sampler is not None else None
 
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
         sampler = self._sampler

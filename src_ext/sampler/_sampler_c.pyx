@@ -11,7 +11,7 @@ caller's thread, from records copied out under a short C mutex.
 
 import threading
 
-from otelgpu.sampler._records import RawSample, RawWindow
+from otelgpu.sampler._records import RawSample, RawSummary, RawWindow
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -161,6 +161,18 @@ def constants():
         ),
         "GPM_IDS": tuple(OTG_GPM_IDS[k] for k in range(OTG_NGPM)),
     }
+
+
+cdef inline bint _worse(int lost, int ecc, double tfrac, double util,
+                        int o_lost, int o_ecc, double o_tfrac, double o_util) noexcept:
+    """(lost, ecc, tfrac, -util) > (o_lost, o_ecc, o_tfrac, -o_util), as tuples compare."""
+    if lost != o_lost:
+        return lost > o_lost
+    if ecc != o_ecc:
+        return ecc > o_ecc
+    if tfrac != o_tfrac:
+        return tfrac > o_tfrac
+    return util < o_util
 
 
 cdef class NativeCore:
@@ -313,6 +325,113 @@ cdef class NativeCore:
             w.nvlink_tx, w.nvlink_rx, w.mem_reserved, w.mem_temp_max, w.pcie_replay_delta,
             w.enc_util_mean, w.dec_util_mean, w.gpm_valid,
             tuple(w.gpm[k] for k in range(OTG_NGPM)),
+        )
+
+    def summary(self, int64_t s_ns, int64_t e_ns, devs=None):
+        """The windows of devices ``devs`` summed up in one ``RawSummary`` (see
+        ``PyCore.summary``: same rules, same floating-point order), or None."""
+        cdef otg_window_t w
+        cdef int i, k, found
+        cdef int first = 1
+        cdef uint64_t count = 0, samples = 0, peak = 0, reasons = 0, eccu = 0, bad_ecc
+        cdef uint32_t valid = 0, temp = 0, gpm_bits = 0
+        cdef double util_sum = 0.0, mem_util_sum = 0.0, util_min = 0.0, util_max = 0.0
+        cdef double energy = 0.0, tfrac, tfrac_max = 0.0, gmean
+        cdef uint64_t util_n = 0
+        cdef int from_counter = 1
+        cdef int worst = -1, w_lost = 0, w_ecc = 0
+        cdef double w_tfrac = 0.0, w_util = 0.0
+        cdef int s_lost, s_ecc
+        cdef double gpm_sums[17]
+        cdef uint64_t gpm_counts[17]
+        for k in range(OTG_NGPM):
+            gpm_sums[k] = 0.0
+            gpm_counts[k] = 0
+        lost = []
+        throttled = []
+        seen = []
+        order = range(self._ndev) if devs is None else devs
+        for i in order:
+            if i < 0 or i >= self._ndev:
+                continue
+            with nogil:
+                found = otg_window(self._st, i, s_ns, e_ns, &w)
+            if not found:
+                continue
+            seen.append(i)
+            count += 1
+            samples += w.samples
+            gmean = 0.0
+            if w.valid & OTG_F_UTIL:
+                gmean = w.gpu_util_mean
+                if not (valid & OTG_F_UTIL) or gmean < util_min:
+                    util_min = gmean
+                if not (valid & OTG_F_UTIL) or w.gpu_util_max > util_max:
+                    util_max = w.gpu_util_max
+                util_sum += gmean
+                mem_util_sum += w.mem_util_mean
+                util_n += 1
+                valid |= OTG_F_UTIL
+            if w.valid & OTG_F_MEMORY:
+                if not (valid & OTG_F_MEMORY) or w.mem_used_peak > peak:
+                    peak = w.mem_used_peak
+                valid |= OTG_F_MEMORY
+            if w.valid & OTG_F_ENERGY:
+                energy += w.energy_j
+                if not w.energy_from_counter:
+                    from_counter = 0
+                valid |= OTG_F_ENERGY
+            if w.valid & OTG_F_TEMP:
+                if not (valid & OTG_F_TEMP) or w.temp_max > temp:
+                    temp = w.temp_max
+                valid |= OTG_F_TEMP
+            tfrac = 0.0
+            if w.valid & OTG_F_REASONS:
+                tfrac = w.throttled_fraction
+                reasons |= w.reasons
+                if tfrac > 0:
+                    throttled.append(i)
+                    if tfrac > tfrac_max:
+                        tfrac_max = tfrac
+                valid |= OTG_F_REASONS
+            bad_ecc = w.ecc_uncorr_delta if w.valid & OTG_F_ECC_UNCORR else 0
+            eccu += bad_ecc
+            if w.lost:
+                lost.append(i)
+            # (lost, new uncorrected ECC, throttled share, -utilization), largest wins
+            s_lost = 1 if w.lost else 0
+            s_ecc = 1 if bad_ecc > 0 else 0
+            if worst < 0 or _worse(s_lost, s_ecc, tfrac, gmean, w_lost, w_ecc, w_tfrac, w_util):
+                worst, w_lost, w_ecc, w_tfrac, w_util = i, s_lost, s_ecc, tfrac, gmean
+            if w.valid & OTG_F_GPM:
+                for k in range(OTG_NGPM):
+                    if (w.gpm_valid >> k) & 1:
+                        gpm_sums[k] += w.gpm[k]
+                        gpm_counts[k] += 1
+        if count == 0:
+            return None
+        means = []
+        for k in range(OTG_NGPM):
+            if gpm_counts[k]:
+                means.append(gpm_sums[k] / <double>gpm_counts[k])
+                gpm_bits |= 1u << k
+            else:
+                means.append(0.0)
+        if gpm_bits:
+            valid |= OTG_F_GPM
+        xids = ()
+        events = self.events(s_ns, e_ns, -1, OTG_EV_XID)
+        if events:
+            wanted = set(seen)
+            xids = sorted({e[3] for e in events if e[1] in wanted})
+        return RawSummary(
+            count, tuple(seen), samples, valid,
+            util_sum / <double>util_n if util_n else 0.0, util_min, util_max,
+            mem_util_sum / <double>util_n if util_n else 0.0, peak,
+            energy if valid & OTG_F_ENERGY else 0.0,
+            from_counter if valid & OTG_F_ENERGY else 0,
+            temp, tfrac_max, reasons, eccu, worst, tuple(lost), tuple(throttled), tuple(xids),
+            gpm_bits, tuple(means),
         )
 
     def events(self, int64_t s_ns, int64_t e_ns, int dev=-1, int kind=-1):

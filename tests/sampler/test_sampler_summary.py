@@ -1,0 +1,173 @@
+"""``GpuSampler.summary``: one window's statistics over several GPUs in one call (the
+constant-size GPU context of a span), against the per-GPU windows it sums up, and exact
+agreement of the two twins."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from otelgpu import _impl, sim
+from otelgpu.sampler import BaseGpuSampler, NativeGpuSampler, PyGpuSampler, WindowStats
+from otelgpu.sampler import _fields as F
+from otelgpu.sampler._types import GPM_WINDOW_FIELDS
+
+FOREVER = 2**62
+
+
+def _series(gpu: sim.SimGpu, samplers: list[BaseGpuSampler], n: int) -> list[int]:
+    """``n`` samples 70 ms apart, GPU 1 throttled from sample 100, new uncorrected ECC
+    errors on GPU 0 at sample 150."""
+    stamps = []
+    for k in range(n):
+        if k == 100:
+            gpu.inject("throttle", gpu=1, reason="sw_thermal", duration_s=3.0)
+        if k == 150:
+            gpu.inject("ecc", gpu=0, corrected=2, uncorrected=1)
+        stamps.append(gpu.time_ns())
+        for sampler in samplers:
+            sampler.sample_once(timestamp_ns=stamps[-1])
+        gpu.advance(0.07)
+    return stamps
+
+
+def _expected(windows: list[tuple[int, WindowStats]]) -> dict[str, Any]:
+    """What the summary must say, from the per-GPU ``WindowStats``."""
+    util = [(i, w) for i, w in windows if w.gpu_util_mean_pct is not None]
+    energy = [w for _, w in windows if w.energy_j is not None]
+    throttled = [(i, w.throttled_fraction or 0.0) for i, w in windows]
+
+    def score(item: tuple[int, WindowStats]) -> tuple[bool, bool, float, float]:
+        _, w = item
+        return (
+            w.lost,
+            bool(w.ecc_uncorrected_delta),
+            w.throttled_fraction or 0.0,
+            -(w.gpu_util_mean_pct or 0.0),
+        )
+
+    worst = windows[0]
+    for item in windows[1:]:
+        if score(item) > score(worst):
+            worst = item
+    return {
+        "n_devices": len(windows),
+        "devices": tuple(i for i, _ in windows),
+        "samples": sum(w.samples for _, w in windows),
+        "gpu_util_mean": sum(w.gpu_util_mean_pct for _, w in util) / len(util),  # type: ignore[misc]
+        "gpu_util_min": min(w.gpu_util_mean_pct for _, w in util),  # type: ignore[type-var]
+        "gpu_util_max": max(w.gpu_util_max_pct for _, w in util),  # type: ignore[type-var]
+        "energy_j": sum(w.energy_j for w in energy),  # type: ignore[misc]
+        "energy_from_counter": int(all(w.energy_source == "counter" for w in energy)),
+        "temp_max": max(w.temperature_max_c for _, w in windows),  # type: ignore[type-var]
+        "throttled_fraction": max(f for _, f in throttled),
+        "throttled": tuple(i for i, f in throttled if f > 0),
+        "reasons": _union(w.throttle_reasons for _, w in windows),
+        "ecc_uncorr_delta": sum(w.ecc_uncorrected_delta or 0 for _, w in windows),
+        "worst": worst[0],
+        "lost": tuple(i for i, w in windows if w.lost),
+        "xids": tuple(sorted({x for _, w in windows for x in w.xids})),
+    }
+
+
+def _union(values: Any) -> int:
+    out = 0
+    for v in values:
+        out |= v or 0
+    return out
+
+
+def test_summary_sums_up_the_windows_of_the_gpus(
+    sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    sampler = make_sampler()
+    stamps = _series(sim_gpu, [sampler], 250)
+    uuids = [d.uuid for d in sampler.devices]
+    rng = random.Random(11)
+    bounds = [(stamps[90], stamps[200]), (stamps[0], stamps[-1]), (stamps[120], stamps[120])]
+    bounds += [
+        tuple(sorted(rng.randrange(stamps[0], stamps[-1] + 10**9) for _ in "ab"))  # type: ignore[misc]
+        for _ in range(40)
+    ]
+    seen_throttled = seen_ecc = False
+    for a, b in bounds:
+        for order in (None, [uuids[1], uuids[0]], [uuids[1], "GPU-unknown"]):
+            raw = sampler.summary(a, b, order)
+            asked = (
+                range(len(uuids))
+                if order is None
+                else [1, 0]
+                if "GPU-unknown" not in order
+                else [1]
+            )
+            windows = [(i, sampler.window(uuids[i], a, b)) for i in asked]
+            have = [(i, w) for i, w in windows if w is not None]
+            assert raw is not None and have
+            want = _expected(have)
+            got = {k: getattr(raw, k) for k in want}
+            approx = ("gpu_util_mean", "energy_j")
+            assert {k: v for k, v in got.items() if k not in approx} == {
+                k: v for k, v in want.items() if k not in approx
+            }
+            for k in approx:
+                assert got[k] == pytest.approx(want[k], rel=1e-12)
+            assert raw.valid & F.F_UTIL and raw.valid & F.F_ENERGY and raw.valid & F.F_TEMP
+            seen_throttled = seen_throttled or (raw.throttled == (1,) and raw.worst == 1)
+            seen_ecc = seen_ecc or (raw.ecc_uncorr_delta > 0 and raw.worst == 0)
+            # GPM (H100): the mean over the GPUs of each metric.
+            for slot, field in enumerate(GPM_WINDOW_FIELDS):
+                values = [getattr(w, field) for _, w in have if getattr(w, field) is not None]
+                assert bool(raw.gpm_valid >> slot & 1) == bool(values)
+                if values:
+                    assert raw.gpm[slot] == pytest.approx(sum(values) / len(values), rel=1e-12)
+    # The windows covered the throttled GPU and the ECC error: the worst GPU was found.
+    assert seen_throttled and seen_ecc
+    # No data: before the first sample, an inverted window, no known GPU, not times.
+    assert sampler.summary(0, stamps[0] - 1) is None
+    assert sampler.summary(stamps[5], stamps[1]) is None
+    assert sampler.summary(stamps[0], stamps[-1], ["GPU-unknown"]) is None
+    assert sampler.summary("start", stamps[-1]) is None  # type: ignore[arg-type]
+
+
+def test_summary_carries_the_xids_of_the_gpus_asked(
+    sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    sampler = make_sampler(interval_s=0.05)
+    sampler.start()
+    uuids = [d.uuid for d in sampler.devices]
+    before = sampler.now_ns()
+    sim_gpu.inject("xid", gpu=1, code=48)  # with 63 and 94 on an H100
+    deadline = time.monotonic() + 5
+    while len([e for e in sampler.events(0, FOREVER) if e.kind == "xid"]) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    while sampler.summary(before, sampler.now_ns()) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    end = sampler.now_ns()
+    everything = sampler.summary(before, end)
+    assert everything is not None and everything.xids == (48, 63, 94)
+    other = sampler.summary(before, end, [uuids[0]])
+    assert other is not None and other.xids == () and other.devices == (0,)
+
+
+@pytest.mark.skipif(_impl.NO_EXTENSIONS, reason="only one twin in this run")
+def test_twins_summarise_identically(sim_gpu: sim.SimGpu) -> None:
+    assert NativeGpuSampler is not None
+    py, native = PyGpuSampler(), NativeGpuSampler()
+    try:
+        stamps = _series(sim_gpu, [py, native], 300)
+        uuids = [d.uuid for d in py.devices]
+        rng = random.Random(7)
+        for _ in range(300):
+            a, b = sorted(rng.randrange(stamps[0] - 10**9, stamps[-1] + 10**9) for _ in "ab")
+            for order in (None, uuids[::-1], uuids[:1]):
+                assert py.summary(a, b, order) == native.summary(a, b, order)
+        assert py.summary(stamps[0], stamps[-1]) is not None
+    finally:
+        py.close()
+        native.close()

@@ -18,11 +18,11 @@ spans, the tail sampler's decision: ``otelgpu.otel.tail_sampling``).
 
 The host never waits long for the export thread: with an exporter that takes
 pre-encoded batches (``otelgpu.otel.fast_export``), spans are encoded one by one
-(``otelgpu.otel.span_encoding``) and the thread gives the GIL back for
-``YIELD_S`` after every ``SLICE_S`` of encoding and after every request; requests carry
-at most ``ENCODED_BATCH`` spans, so no single C call (parsing, serialising, sending) holds
-the GIL for long either. Without it (console, a user's exporter), batches are exported as
-the SDK's processor would.
+(``otelgpu.otel.span_encoding``) and the thread gives the GIL back
+(``otelgpu.otel.slicing.pause``) after every ``SLICE_S`` of encoding and after every
+request; requests carry at most ``ENCODED_BATCH`` spans, so no single C call (parsing,
+serialising, sending) holds the GIL for long either. Without it (console, a user's
+exporter), batches are exported as the SDK's processor would.
 
 Spans are encoded early when the encoding is compact (OTLP protobuf bytes): the thread
 wakes every ``ENCODE_EVERY_S``, turns the queued spans into bytes, and sends them once a
@@ -180,7 +180,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 if not self._send(batch):
                     ok = False
                 if self._encoded and self._queue:
-                    time.sleep(YIELD_S)
+                    slicing.pause()
         finally:
             self._export_lock.release()
         return ok
@@ -221,7 +221,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             if not self._send(chunk, ready=True):
                 ok = False
             if self._ready or self._queue:
-                time.sleep(YIELD_S)
+                slicing.pause()
         return ok
 
     def _encode_queue(self) -> None:
@@ -252,7 +252,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 origin = origins[key] = _Origin(span.resource, scope)
             ready.append((origin, body))
             if clock() > slice_end:
-                time.sleep(YIELD_S)
+                slicing.pause()
                 slice_end = clock() + SLICE_S
 
     def _encode_sliced(self, batch: list[ReadableSpan]) -> tuple[list[ReadableSpan], Any]:
@@ -269,7 +269,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 self._stats.report_error("span encoding", exc)
                 self._stats.add_dropped("traces", "encoding_failed")
             if clock() > slice_end:
-                time.sleep(YIELD_S)
+                slicing.pause()
                 slice_end = clock() + SLICE_S
         return [span for span, _ in pairs], exporter.assemble(pairs)
 

@@ -173,22 +173,42 @@ def to_json_line(message: Message) -> str:
     return json.dumps(ids_to_hex(as_dict), separators=(",", ":"))
 
 
+def _metric_json(metric: Any, slicer: Slicer) -> dict[str, Any]:
+    """``MessageToDict(metric)``, one data point at a time (``slicer`` ticks before each):
+    a metric over eight GPUs has dozens of points, a sketch's point hundreds of buckets,
+    and protobuf's JSON printer walks every field in Python. Same dict, same key order
+    (``data_points`` is field 1 of every kind of metric data, so it comes first)."""
+    kind = metric.WhichOneof("data")
+    if kind is None:
+        return dict(json_format.MessageToDict(metric, use_integers_for_enums=True))
+    points = []
+    for point in getattr(metric, kind).data_points:
+        slicer.tick()
+        points.append(json_format.MessageToDict(point, use_integers_for_enums=True))
+    slicer.tick()
+    bare = type(metric)()
+    bare.CopyFrom(metric)
+    del getattr(bare, kind).data_points[:]
+    head = json_format.MessageToDict(bare, use_integers_for_enums=True)
+    json_kind = metric.DESCRIPTOR.fields_by_name[kind].json_name  # exponentialHistogram...
+    rest = head.get(json_kind, {})
+    head[json_kind] = {"dataPoints": points, **rest} if points else rest
+    return dict(head)
+
+
 def metrics_json_line(metrics_data: MetricsData) -> str:
-    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built one metric at a time
-    with the GIL handed back once a slice is used (``otelgpu.otel.slicing``): protobuf's
-    JSON printer walks every field in Python (tens of ms for a collection over 8 GPUs),
-    which would stall the application's threads for that long in one piece. The request is
-    encoded in slices too (``otelgpu.otel.metric_encoding``). Same line, parsed."""
+    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built one data point at a
+    time with the GIL handed back once a slice is used (``otelgpu.otel.slicing``):
+    protobuf's JSON printer walks every field in Python (tens of ms for a collection over 8
+    GPUs), which would stall the application's threads for that long in one piece. The
+    request is encoded in slices too (``otelgpu.otel.metric_encoding``). Same line, parsed."""
     slicer = Slicer()
     request = encode_metrics_sliced(metrics_data, slicer)
     resources = []
     for rm in request.resource_metrics:
         scopes = []
         for sm in rm.scope_metrics:
-            metrics = []
-            for metric in sm.metrics:
-                slicer.tick()
-                metrics.append(json_format.MessageToDict(metric, use_integers_for_enums=True))
+            metrics = [_metric_json(metric, slicer) for metric in sm.metrics]
             if metrics:
                 bare_scope = type(sm)()
                 bare_scope.CopyFrom(sm)

@@ -10,8 +10,12 @@ innermost wrapped call (or collection) overlapping it; a gap that overlaps nothi
 "unattributed" (the OS ran something else: machine load, or unwrapped work).
 
 Run: ``python benchmarks/diag_gil_holds.py --exporter otlp-grpc --seconds 10``
-(``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin). Prints, per cause: the number of
-gaps, the longest gap, and the wrapped call's longest wall and thread-CPU time.
+(``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--kind request --gpus 8`` for
+the inference case). Prints the background threads' CPU time within one step (max, p99,
+p99.9: the load-robust pause estimate); for every step in which they used more than
+0.5 ms, each thread's CPU charged to the innermost wrapped call overlapping the step;
+per cause of a gap, the number of gaps and the CPU; each wrapped call's longest wall and
+thread-CPU time. The otelgpu imported is this checkout's (not an installed one).
 Diagnostic only: it monkeypatches SDK internals and is not part of the benchmark table.
 """
 
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's otelgpu
 
 import bench_export
 

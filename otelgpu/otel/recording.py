@@ -196,12 +196,23 @@ def _metric_json(metric: Any, slicer: Slicer) -> dict[str, Any]:
     return dict(head)
 
 
+def _with_list(head: dict[str, Any], key: str, items: list[Any]) -> dict[str, Any]:
+    """``head`` plus ``key: items`` where protobuf's printer puts it: field 2, after the
+    resource or scope (field 1), before ``schemaUrl`` (field 3)."""
+    out = {k: v for k, v in head.items() if k != "schemaUrl"}
+    out[key] = items
+    if "schemaUrl" in head:
+        out["schemaUrl"] = head["schemaUrl"]
+    return out
+
+
 def metrics_json_line(metrics_data: MetricsData) -> str:
     """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built one data point at a
     time with the GIL handed back once a slice is used (``otelgpu.otel.slicing``):
     protobuf's JSON printer walks every field in Python (tens of ms for a collection over 8
     GPUs), which would stall the application's threads for that long in one piece. The
-    request is encoded in slices too (``otelgpu.otel.metric_encoding``). Same line, parsed."""
+    request is encoded in slices too (``otelgpu.otel.metric_encoding``). The same line,
+    character for character."""
     slicer = Slicer()
     request = encode_metrics_sliced(metrics_data, slicer)
     resources = []
@@ -214,13 +225,13 @@ def metrics_json_line(metrics_data: MetricsData) -> str:
                 bare_scope.CopyFrom(sm)
                 del bare_scope.metrics[:]
                 head = json_format.MessageToDict(bare_scope, use_integers_for_enums=True)
-                scopes.append({**head, "metrics": metrics})
+                scopes.append(_with_list(head, "metrics", metrics))
         if scopes:
             bare = type(rm)()
             bare.CopyFrom(rm)
             del bare.scope_metrics[:]
             head = json_format.MessageToDict(bare, use_integers_for_enums=True)
-            resources.append({**head, "scopeMetrics": scopes})
+            resources.append(_with_list(head, "scopeMetrics", scopes))
     line = {"resourceMetrics": resources} if resources else {}
     return json.dumps(ids_to_hex(line), separators=(",", ":"))
 

@@ -106,7 +106,11 @@ def pause() -> None:
         before = host.cpu_ns()
         deadline = time.perf_counter() + MAX_WAIT_S
         _sleep(YIELD_S)
-        while host.cpu_ns() == before and time.perf_counter() < deadline and host.runnable():
+        if host.cpu_ns() != before or not host.runnable():
+            return
+        # Runnable and not yet run: it stays so until it runs (it cannot block without
+        # running), so only its clock is polled from here (cheap; /proc is ~10 µs).
+        while host.cpu_ns() == before and time.perf_counter() < deadline:
             _sleep(YIELD_S)
     except OSError:  # the main thread ended (interpreter exit): nothing to wait for
         _sleep(YIELD_S)

@@ -218,6 +218,9 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 return False
             chunk = self._ready[:ENCODED_BATCH]
             del self._ready[:ENCODED_BATCH]
+            # Assembling and sending (a C call that may hold the GIL) start a new slice
+            # if encoding used this one up.
+            slicing.tick()
             if not self._send(chunk, ready=True):
                 ok = False
             if self._ready or self._queue:
@@ -226,9 +229,9 @@ class BoundedBatchSpanProcessor(SpanProcessor):
 
     def _encode_queue(self) -> None:
         """Move every queued span into ``_ready`` as bytes, handing the GIL back every
-        ``SLICE_S`` (export lock held)."""
-        clock = time.perf_counter
-        slice_end = clock() + SLICE_S
+        ``SLICE_S`` (the thread's :func:`slicing.tick` slice, shared with the sends; export
+        lock held)."""
+        tick = slicing.tick
         exporter: Any = self._exporter
         encode = exporter.encode_span
         queue, ready, origins = self._queue, self._ready, self._origins
@@ -251,15 +254,12 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                     origins.clear()
                 origin = origins[key] = _Origin(span.resource, scope)
             ready.append((origin, body))
-            if clock() > slice_end:
-                slicing.pause()
-                slice_end = clock() + SLICE_S
+            tick()
 
     def _encode_sliced(self, batch: list[ReadableSpan]) -> tuple[list[ReadableSpan], Any]:
         """Encode ``batch`` span by span, handing the GIL back every ``SLICE_S``."""
-        clock = time.perf_counter
+        tick = slicing.tick
         pairs = []
-        slice_end = clock() + SLICE_S
         exporter: Any = self._exporter
         encode = exporter.encode_span
         for span in batch:
@@ -268,9 +268,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             except Exception as exc:  # noqa: BLE001 - one bad span must not sink the batch
                 self._stats.report_error("span encoding", exc)
                 self._stats.add_dropped("traces", "encoding_failed")
-            if clock() > slice_end:
-                slicing.pause()
-                slice_end = clock() + SLICE_S
+            tick()
+        tick()
         return [span for span, _ in pairs], exporter.assemble(pairs)
 
     # ------------------------------------------------------------------ lifecycle

@@ -95,9 +95,20 @@ def _current_host() -> _Host | None:
 _sleep = time.sleep  # a module attribute: tests count the sleeps
 
 
+_local = threading.local()
+
+
 def pause() -> None:
     """Hand the GIL over: a waiting host thread runs before the caller goes on (bounded
-    by ``MAX_WAIT_S``; see the module docstring)."""
+    by ``MAX_WAIT_S``; see the module docstring). The calling thread's :func:`tick`
+    slice starts again afterwards."""
+    try:
+        _hand_over()
+    finally:
+        _local.end = time.perf_counter() + SLICE_S
+
+
+def _hand_over() -> None:
     host = _current_host()
     if host is None or threading.current_thread() is threading.main_thread():
         _sleep(YIELD_S)
@@ -116,16 +127,11 @@ def pause() -> None:
         _sleep(YIELD_S)
 
 
-_local = threading.local()
-
-
 def tick() -> None:
     """:meth:`Slicer.tick` for the calling thread's current work (thread-local slice):
     for code that runs in many small calls, such as metric callbacks."""
-    clock = time.perf_counter
-    if clock() > getattr(_local, "end", 0.0):
+    if time.perf_counter() > getattr(_local, "end", 0.0):
         pause()
-        _local.end = clock() + SLICE_S
 
 
 class Slicer:

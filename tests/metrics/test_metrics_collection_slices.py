@@ -29,6 +29,7 @@ from otelgpu.metrics.gpu import register_gpu_metrics
 from otelgpu.metrics.instruments import Instruments
 from otelgpu.metrics.spec import Area, Kind, MetricSpec
 from otelgpu.otel import slicing
+from otelgpu.otel.counters import LocalCounter
 from otelgpu.otel.metric_reader import ForkAwareMetricReader, slice_collection
 from otelgpu.sampler import BaseGpuSampler
 
@@ -59,7 +60,8 @@ def _queue_depths(count: int, _options: CallbackOptions) -> list[Observation]:
 
 def _app_instruments(meter: Meter) -> None:
     """The application's own instruments: a counter and a histogram (synchronous, SDK
-    aggregations) and an observable fed through otelgpu's ``Instruments``."""
+    aggregations), an observable fed through otelgpu's ``Instruments`` and one of
+    otelgpu's local counters (an observable counter of its own)."""
     counter = meter.create_counter("app.requests", unit="1")
     histogram = meter.create_histogram("app.latency", unit="s")
     for i in range(40):
@@ -67,6 +69,9 @@ def _app_instruments(meter: Meter) -> None:
         histogram.record(i / 100, {"route": f"/r{i % 5}"})
     spec = MetricSpec("app.queue.depth", Kind.OBSERVABLE_GAUGE, "1", "Queue depth.", Area.INTERNAL)
     Instruments(meter).instrument(spec, functools.partial(_queue_depths, 60))
+    local = LocalCounter(meter, "app.tokens", "{token}", "Tokens.")
+    for i in range(50):
+        local.add(10 * i + 1, {"model": f"m{i}"})
 
 
 @pytest.fixture
@@ -151,6 +156,7 @@ def test_collection_slices_are_short_in_thread_cpu_time(
     assert storage_steps >= len(metrics) > 20
     # ...and one per observation of otelgpu's observables (the 60 queue depths at least).
     assert sum(1 for _, caller in best_marks if caller == "__call__") >= 60
+    assert sum(1 for _, caller in best_marks if caller == "_observe") >= 50  # local counter
 
 
 def _points(data: MetricsData) -> dict[str, list[tuple[tuple[Any, ...], Any]]]:
@@ -184,7 +190,9 @@ def test_sliced_collection_exports_what_the_sdk_collects() -> None:
             assert expected is not None
             got = _points(capture.data[-1])
             assert got == _points(expected)
-            assert {"app/app.requests", "app/app.latency", "app/app.queue.depth"} <= set(got)
+            names = {"app/app.requests", "app/app.latency", "app/app.queue.depth", "app/app.tokens"}
+            assert names <= set(got)
+            assert len(got["app/app.tokens"]) == 50
             assert len(got["app/app.requests"]) == 40
         assert slice_collection(sliced) == 0  # every instrument wrapped once, not again
     finally:

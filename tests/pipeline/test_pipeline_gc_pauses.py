@@ -25,13 +25,15 @@ def on_gc(phase, info):
     if phase == "start" and info["generation"] == 2:
         full.append(threading.current_thread().name)
 settings = json.loads(sys.argv[1])
-handle = otelgpu.instrument(gpu=True, devices="0", frameworks="none", span_schedule_delay_ms=500,
-                            metric_export_interval_ms=1000, step_spans_per_second=200, **settings)
+requests = sys.argv[3] == "request"
+handle = otelgpu.instrument(gpu=True, devices=None if requests else "0", frameworks="none",
+                            span_schedule_delay_ms=500, metric_export_interval_ms=1000,
+                            step_spans_per_second=200, **settings)
 gc.callbacks.append(on_gc)
 end = time.monotonic() + float(sys.argv[2])
 steps = 0
 while time.monotonic() < end:
-    with otelgpu.step(samples=32, tokens=4096):
+    with (otelgpu.request(model="m") if requests else otelgpu.step(samples=32, tokens=4096)):
         steps += 1
 gc.callbacks.remove(on_gc)
 handle.shutdown()
@@ -39,8 +41,12 @@ print(json.dumps({"steps": steps, "full": full}))
 """
 
 
-@pytest.mark.parametrize("exporter", ["otlp", "recording"])
-def test_no_full_collection_during_a_busy_step_loop(exporter: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("exporter", "kind"), [("otlp", "step"), ("recording", "step"), ("otlp", "request")]
+)
+def test_no_full_collection_during_a_busy_loop(exporter: str, kind: str, tmp_path: Path) -> None:
+    """Steps (1 GPU) or requests (8 GPUs, every request a span: thousands per second,
+    queued spans encoded at once in small groups, ``processor.ENCODE_AT``)."""
     receiver = OtlpReceiver().start()
     settings: dict[str, Any] = (
         {"otlp_endpoint": receiver.grpc_endpoint, "otlp_protocol": "grpc"}
@@ -49,7 +55,7 @@ def test_no_full_collection_during_a_busy_step_loop(exporter: str, tmp_path: Pat
     )
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(settings), "12"],
+            [sys.executable, "-c", _CHILD, json.dumps(settings), "12", kind],
             capture_output=True,
             text=True,
             timeout=120,

@@ -86,6 +86,9 @@ class ForkAwareMetricReader(PeriodicExportingMetricReader):
             slice_collection(self)
         except Exception as exc:  # noqa: BLE001 - slicing is an optimisation only
             _logger.debug("otelgpu: metric collection not sliced: %r", exc)
+        # The previous export's tail (sending, writing) and this walk end a slice: the
+        # collection starts a fresh one.
+        slicing.tick()
         super().collect(timeout_millis=timeout_millis)
 
 

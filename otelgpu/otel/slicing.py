@@ -3,7 +3,9 @@
 A Python thread keeps the GIL until it blocks or, when another thread asks for it, until
 the interpreter's switch interval (5 ms) runs out -- and a C call never gives it up. So
 otelgpu's background threads (export, collection, deferred work) cut long work into
-slices and, after every ``SLICE_S`` of it, :func:`pause`: a real sleep of ``YIELD_S``,
+slices and, after every ``SLICE_S`` of it (the thread's CPU time: a thread preempted by a
+loaded machine does not pause more often for it; the wall clock is read first, the
+thread's CPU clock only once a wall slice passed), :func:`pause`: a real sleep of ``YIELD_S``,
 long enough for a waiting application thread to wake up and take the GIL
 (``time.sleep(0)`` returns before a woken thread is scheduled, and the sleeper usually
 takes the GIL straight back).
@@ -106,6 +108,7 @@ def pause() -> None:
         _hand_over()
     finally:
         _local.end = time.perf_counter() + SLICE_S
+        _local.cpu = time.thread_time()
 
 
 def _hand_over() -> None:
@@ -131,24 +134,35 @@ def tick() -> None:
     """:meth:`Slicer.tick` for the calling thread's current work (thread-local slice):
     for code that runs in many small calls, such as metric callbacks."""
     if time.perf_counter() > getattr(_local, "end", 0.0):
-        pause()
+        used = time.thread_time() - getattr(_local, "cpu", 0.0)
+        if used >= SLICE_S:
+            pause()
+        else:  # preempted meanwhile (a loaded machine): the slice is not used up yet
+            _local.end = time.perf_counter() + SLICE_S - used
 
 
 class Slicer:
-    """Calls :func:`pause` from :meth:`tick` once ``slice_s`` passed since the last pause."""
+    """Calls :func:`pause` from :meth:`tick` once the thread ran ``slice_s`` (its CPU
+    time) since the last pause."""
 
-    __slots__ = ("_clock", "_end", "_slice_s", "pauses")
+    __slots__ = ("_clock", "_cpu", "_end", "_slice_s", "pauses")
 
     def __init__(self, slice_s: float = SLICE_S) -> None:
         self._clock = time.perf_counter
         self._slice_s = slice_s
         self._end = self._clock() + slice_s
+        self._cpu = time.thread_time()
         #: How many times :meth:`tick` paused.
         self.pauses = 0
 
     def tick(self) -> None:
         """Pause if this slice is used up (cheap otherwise: one clock read)."""
         if self._clock() > self._end:
+            used = time.thread_time() - self._cpu
+            if used < self._slice_s:  # preempted meanwhile: the slice is not used up
+                self._end = self._clock() + self._slice_s - used
+                return
             pause()
             self.pauses += 1
             self._end = self._clock() + self._slice_s
+            self._cpu = time.thread_time()

@@ -258,3 +258,19 @@ def test_host_state_is_read_from_the_main_thread() -> None:
     assert done.wait(30)
     worker.join()
     assert seen == [False]
+
+
+def test_a_slice_is_thread_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that was off the CPU (preempted on a loaded machine; here: asleep) has not
+    used its slice: no pause; once it really ran for the slice, the next tick pauses."""
+    pauses: list[float] = []
+    monkeypatch.setattr(slicing, "pause", functools.partial(pauses.append, 0.0))
+    slicer = slicing.Slicer(slice_s=0.005)
+    time.sleep(0.03)  # wall time passes, thread CPU time does not
+    slicer.tick()
+    assert pauses == []
+    start = time.thread_time()
+    while time.thread_time() - start < 0.01:  # 10 ms of this thread's CPU
+        pass
+    slicer.tick()
+    assert len(pauses) == 1

@@ -10,8 +10,12 @@ innermost wrapped call (or collection) overlapping it; a gap that overlaps nothi
 "unattributed" (the OS ran something else: machine load, or unwrapped work).
 
 Run: ``python benchmarks/diag_gil_holds.py --exporter otlp-grpc --seconds 10``
-(``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin). Prints, per cause: the number of
-gaps, the longest gap, and the wrapped call's longest wall and thread-CPU time.
+(``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--kind request --gpus 8`` for
+the inference case). Prints the background threads' CPU time within one step (max, p99,
+p99.9: the load-robust pause estimate); for every step in which they used more than
+0.5 ms, each thread's CPU charged to the innermost wrapped call overlapping the step;
+per cause of a gap, the number of gaps and the CPU; each wrapped call's longest wall and
+thread-CPU time. The otelgpu imported is this checkout's (not an installed one).
 Diagnostic only: it monkeypatches SDK internals and is not part of the benchmark table.
 """
 
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's otelgpu
 
 import bench_export
 
@@ -94,6 +99,9 @@ def install_wrappers() -> None:
         "collect",
         "sdk MetricReaderStorage.collect (aggregations -> MetricsData)",
     )
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
+
+    wrap(_ViewInstrumentMatch, "collect", "sdk one instrument's aggregations -> points")
     wrap(sketches.SketchRegistry, "metrics", "sketch -> exponential histograms")
     wrap(sketches.SketchHistogram, "to_metric", "one sketch histogram -> metric")
     wrap(exporters.GuardedMetricExporter, "export", "GuardedMetricExporter.export (all)")
@@ -164,7 +172,7 @@ def main() -> int:
         # Per-step figures kept without allocating tracked objects (the diagnostic must not
         # itself promote objects and trigger full collections).
         bg_per_step = array.array("d")
-        worst_bg: list[tuple[float, dict[str, float]]] = []
+        worst_bg: list[tuple[float, dict[str, float], float, float]] = []
 
         def bg_cpu() -> dict[str, float]:
             out = {}
@@ -181,6 +189,7 @@ def main() -> int:
 
         while clock() < end:
             before = bg_cpu()
+            s0 = clock()
             step_gaps = []
             cm = otelgpu.step(samples=32) if args.kind == "step" else otelgpu.request(model="m")
             with cm:
@@ -198,7 +207,7 @@ def main() -> int:
             total = sum(used.values())
             bg_per_step.append(total)
             if total > 0.0005:
-                worst_bg.append((total, used))
+                worst_bg.append((total, used, s0, clock()))
             for g0, g1 in step_gaps:
                 gaps.append((g0, g1, used))
             steps += 1
@@ -229,9 +238,25 @@ def main() -> int:
         f"max {per_step[0] * 1e3:.2f} ms, p99 {per_step[len(per_step) // 100] * 1e3:.3f} ms,"
         f" p99.9 {per_step[len(per_step) // 1000] * 1e3:.3f} ms; worst steps: "
         + "; ".join(
-            ", ".join(f"{k} {v * 1e3:.2f}" for k, v in used.items()) for _, used in worst_bg[:3]
+            ", ".join(f"{k} {v * 1e3:.2f}" for k, v in used.items())
+            for _, used, _s0, _s1 in worst_bg[:3]
         )
     )
+    # The steps in which otelgpu's threads ran longest, charged per thread to the innermost
+    # wrapped call overlapping the step (what held the GIL while the host waited).
+    by_step_cause: dict[str, list[float]] = defaultdict(list)
+    for _total, used, s0, s1 in worst_bg:
+        for thread, cpu_used in used.items():
+            if cpu_used < 0.0002:
+                continue
+            hits = [iv for iv in INTERVALS if iv[0] < s1 and iv[1] > s0 and iv[4] == thread]
+            label = min(hits, key=lambda iv: iv[1] - iv[0])[3] if hits else "(unwrapped work)"
+            by_step_cause[f"{label} [{thread}]"].append(cpu_used)
+    title = "steps with > 0.5 ms otelgpu CPU, by innermost call"
+    print(f"\n{title:70} {'steps':>5} {'max cpu ms':>10}")
+    for cause, values in sorted(by_step_cause.items(), key=lambda kv: -max(kv[1])):
+        print(f"{cause:70} {len(values):5d} {max(values) * 1e3:10.2f}")
+    print()
     print(f"{'cause of gap (by CPU of the thread that ran)':70} {'gaps':>5} {'max cpu ms':>10}")
     for cause, values in sorted(by_cause.items(), key=lambda kv: -max(kv[1])):
         print(f"{cause:70} {len(values):5d} {max(values) * 1e3:10.2f}")

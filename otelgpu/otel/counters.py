@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otelgpu.otel import slicing
 from otelgpu.otel.sketches import OVERFLOW_ATTRIBUTES, _freeze
 from otelgpu.otel.stats import InternalStats
 
@@ -123,7 +124,12 @@ class LocalCounter:
         with self._lock:
             self._values = {}
 
-    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+    def _observe(self, _options: CallbackOptions) -> Iterator[Observation]:
+        # A snapshot under the lock, then one observation at a time: the SDK aggregates
+        # each as it comes, and the GIL is handed back between them once a slice is used
+        # (a counter may have up to ``max_series`` attribute sets; otelgpu.otel.slicing).
         with self._lock:
-            entries = [(dict(a), v) for a, v in self._values.values()]
-        return [Observation(v, a) for a, v in entries]
+            entries = [(a, v) for a, v in self._values.values()]
+        for attributes, value in entries:
+            slicing.tick()
+            yield Observation(value, dict(attributes))

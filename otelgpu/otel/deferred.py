@@ -6,8 +6,8 @@ dozen attributes. :class:`DeferredWork` takes a callable and its arguments (an a
 well under a microsecond) and runs it on the ``otelgpu-deferred`` thread, which:
 
 * wakes every ``interval_s`` (or when ``batch`` items wait) and runs what is queued, in
-  order, handing the GIL back for ``YIELD_S`` after every ``SLICE_S`` of work, so the
-  host's loop never waits long for it;
+  order, handing the GIL back (``otelgpu.otel.slicing.pause``) after every ``SLICE_S``
+  of work, so the host's loop never waits long for it;
 * holds at most ``limit`` items; beyond that the newest are dropped and counted
   (``otelgpu.internal.dropped``, signal ``traces``, reason ``deferred_queue_full``);
 * never lets an exception out (reported once per place, counted);
@@ -101,7 +101,7 @@ class DeferredWork:
                 except Exception as exc:  # noqa: BLE001 - never out of the worker
                     self._stats.report_error(self._where, exc)
                 if yielding and clock() > slice_end:
-                    time.sleep(YIELD_S)
+                    slicing.pause()
                     slice_end = clock() + SLICE_S
 
     def drain(self) -> None:

@@ -18,19 +18,24 @@ spans, the tail sampler's decision: ``otelgpu.otel.tail_sampling``).
 
 The host never waits long for the export thread: with an exporter that takes
 pre-encoded batches (``otelgpu.otel.fast_export``), spans are encoded one by one
-(``otelgpu.otel.span_encoding``) and the thread gives the GIL back for
-``YIELD_S`` after every ``SLICE_S`` of encoding and after every request; requests carry
-at most ``ENCODED_BATCH`` spans, so no single C call (parsing, serialising, sending) holds
-the GIL for long either. Without it (console, a user's exporter), batches are exported as
-the SDK's processor would.
+(``otelgpu.otel.span_encoding``) and the thread gives the GIL back
+(``otelgpu.otel.slicing.pause``) after every ``SLICE_S`` of encoding and after every
+request; requests carry at most ``ENCODED_BATCH`` spans, so no single C call (parsing,
+serialising, sending) holds the GIL for long either. Without it (console, a user's
+exporter), batches are exported as the SDK's processor would.
 
 Spans are encoded early when the encoding is compact (OTLP protobuf bytes): the thread
-wakes every ``ENCODE_EVERY_S``, turns the queued spans into bytes, and sends them once a
-batch is full or the schedule delay has passed. A queued SDK span is about twenty objects
-the garbage collector tracks; held for the whole schedule delay (seconds), they outlive
-two young collections and are promoted to the oldest generation, and those promotions are
-what trigger full collections (tens of ms with the GIL held, in whichever thread
-allocates -- often the host's). Bytes are not tracked, so encoded spans promote nothing.
+wakes every ``ENCODE_EVERY_S`` or as soon as ``ENCODE_AT`` spans are queued, turns the
+queued spans into bytes, and sends them once a batch is full or the schedule delay has
+passed. A queued SDK span is about twenty objects the garbage collector tracks; held for
+the whole schedule delay (seconds), they outlive two young collections and are promoted
+to the oldest generation, and those promotions are what trigger full collections (tens
+of ms with the GIL held, in whichever thread allocates -- often the host's). Bytes are
+not tracked, so encoded spans promote nothing. Young collections follow allocations, so
+at thousands of spans per second even ``ENCODE_EVERY_S`` is several of them (8 GPUs,
+OTLP gRPC, ~3,000 requests/s: one full collection every ~15,000 requests; woken at 64
+spans, as often); the ``ENCODE_AT`` wake bounds a span's wait in allocations instead
+(none in 90,000 requests).
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ SLICE_S, YIELD_S = slicing.SLICE_S, slicing.YIELD_S
 ENCODED_BATCH = 128
 #: How often queued spans are encoded (compact encodings), whatever the schedule delay.
 ENCODE_EVERY_S = 0.05
+#: Queued spans that wake the thread to encode them at once (compact encodings).
+ENCODE_AT = 16
 
 
 class _Origin:
@@ -97,6 +104,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._stats = stats
         self._max_queue_size = max_queue_size
         self._batch_size = min(max_export_batch_size, max_queue_size)
+        #: Queue length that wakes the thread before its timer: with early encoding,
+        #: ``ENCODE_AT`` spans, so a queued span waits for a bounded number of allocations
+        #: (young collections), whatever the span rate (module docstring).
+        self._wake_at = min(ENCODE_AT, self._batch_size) if self._early else self._batch_size
         self._delay_s = schedule_delay_s
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._export_lock = threading.Lock()
@@ -132,7 +143,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._stats.add_dropped("traces", "queue_full")
             return
         self._queue.append(span)
-        if len(self._queue) >= self._batch_size:
+        if len(self._queue) >= self._wake_at:
             self._wake.set()
 
     # ------------------------------------------------------------------ worker
@@ -180,7 +191,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 if not self._send(batch):
                     ok = False
                 if self._encoded and self._queue:
-                    time.sleep(YIELD_S)
+                    slicing.pause()
         finally:
             self._export_lock.release()
         return ok
@@ -218,17 +229,20 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 return False
             chunk = self._ready[:ENCODED_BATCH]
             del self._ready[:ENCODED_BATCH]
+            # Assembling and sending (a C call that may hold the GIL) start a new slice
+            # if encoding used this one up.
+            slicing.tick()
             if not self._send(chunk, ready=True):
                 ok = False
             if self._ready or self._queue:
-                time.sleep(YIELD_S)
+                slicing.pause()
         return ok
 
     def _encode_queue(self) -> None:
         """Move every queued span into ``_ready`` as bytes, handing the GIL back every
-        ``SLICE_S`` (export lock held)."""
-        clock = time.perf_counter
-        slice_end = clock() + SLICE_S
+        ``SLICE_S`` (the thread's :func:`slicing.tick` slice, shared with the sends; export
+        lock held)."""
+        tick = slicing.tick
         exporter: Any = self._exporter
         encode = exporter.encode_span
         queue, ready, origins = self._queue, self._ready, self._origins
@@ -251,15 +265,12 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                     origins.clear()
                 origin = origins[key] = _Origin(span.resource, scope)
             ready.append((origin, body))
-            if clock() > slice_end:
-                time.sleep(YIELD_S)
-                slice_end = clock() + SLICE_S
+            tick()
 
     def _encode_sliced(self, batch: list[ReadableSpan]) -> tuple[list[ReadableSpan], Any]:
         """Encode ``batch`` span by span, handing the GIL back every ``SLICE_S``."""
-        clock = time.perf_counter
+        tick = slicing.tick
         pairs = []
-        slice_end = clock() + SLICE_S
         exporter: Any = self._exporter
         encode = exporter.encode_span
         for span in batch:
@@ -268,9 +279,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             except Exception as exc:  # noqa: BLE001 - one bad span must not sink the batch
                 self._stats.report_error("span encoding", exc)
                 self._stats.add_dropped("traces", "encoding_failed")
-            if clock() > slice_end:
-                time.sleep(YIELD_S)
-                slice_end = clock() + SLICE_S
+            tick()
+        tick()
         return [span for span, _ in pairs], exporter.assemble(pairs)
 
     # ------------------------------------------------------------------ lifecycle

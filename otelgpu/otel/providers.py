@@ -39,7 +39,6 @@ from opentelemetry.sdk.metrics.export import (
     Metric,
     MetricExporter,
     MetricReader,
-    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
@@ -50,6 +49,7 @@ from otelgpu._settings import Settings
 from otelgpu.otel import exporters as ex
 from otelgpu.otel import pull_endpoint
 from otelgpu.otel.fast_export import EncodedSpanExporter
+from otelgpu.otel.metric_reader import ForkAwareMetricReader
 from otelgpu.otel.processor import BoundedBatchSpanProcessor
 from otelgpu.otel.recording import (
     RecordingFile,
@@ -77,21 +77,6 @@ def _usable(provider: Any) -> Any:
     except TypeError:
         return provider
     return None if pid is not None and pid != os.getpid() else provider
-
-
-class ForkAwareMetricReader(PeriodicExportingMetricReader):
-    """The SDK's periodic reader, except that a forked child gets no export thread.
-
-    The SDK restarts the reader's thread in every forked child (``_at_fork_reinit``), so
-    each DataLoader worker would run the parent's metric collection -- every observable
-    callback, GPU ones included -- forever, only for the guarded exporter to drop it.
-    otelgpu's rule is that a child inherits no running thread and exports nothing of the
-    parent's state; a child that wants telemetry calls ``instrument()`` itself.
-    """
-
-    def _at_fork_reinit(self) -> None:
-        # Runs in the child after fork(): the parent's thread does not exist here.
-        self._daemon_thread = None
 
 
 def make_sampler(settings: Settings) -> samplers.Sampler:

@@ -173,36 +173,88 @@ def to_json_line(message: Message) -> str:
     return json.dumps(ids_to_hex(as_dict), separators=(",", ":"))
 
 
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _message_text(message: Any) -> str:
+    """One message as OTLP/JSON text: protobuf's JSON, ids in hex, compact."""
+    return _dumps(ids_to_hex(json_format.MessageToDict(message, use_integers_for_enums=True)))
+
+
+def _object_text(head: dict[str, Any], key: str, items: list[str], *, first: bool = False) -> str:
+    """The JSON object ``head`` plus ``key``: the already-encoded ``items``, where
+    protobuf's printer puts it: first (``dataPoints``, field 1 of every kind of metric
+    data) or after everything but ``schemaUrl`` (the resource and scope containers:
+    resource or scope 1, the list 2, ``schemaUrl`` 3)."""
+    listed = f"{_dumps(key)}:[{','.join(items)}]"
+    parts = [f"{_dumps(k)}:{_dumps(v)}" for k, v in ids_to_hex(head).items() if k != "schemaUrl"]
+    parts.insert(0 if first else len(parts), listed)
+    if "schemaUrl" in head:
+        parts.append(f'"schemaUrl":{_dumps(head["schemaUrl"])}')
+    return "{" + ",".join(parts) + "}"
+
+
+def _bare(message: Any, field: str) -> Any:
+    """A copy of ``message`` without its repeated ``field``."""
+    bare = type(message)()
+    bare.CopyFrom(message)
+    del getattr(bare, field)[:]
+    return bare
+
+
+def _metric_text(metric: Any, slicer: Slicer) -> str:
+    """:func:`_message_text` of ``metric``, one data point at a time (``slicer`` ticks
+    before each): a metric over eight GPUs has dozens of points, a sketch's point hundreds
+    of buckets, and protobuf's JSON printer walks every field in Python. Same text
+    (``data_points`` is field 1 of every kind of metric data)."""
+    kind = metric.WhichOneof("data")
+    if kind is None:
+        return _message_text(metric)
+    points = []
+    for point in getattr(metric, kind).data_points:
+        slicer.tick()
+        points.append(_message_text(point))
+    slicer.tick()
+    bare = type(metric)()
+    bare.CopyFrom(metric)
+    del getattr(bare, kind).data_points[:]
+    head = ids_to_hex(json_format.MessageToDict(bare, use_integers_for_enums=True))
+    json_kind = metric.DESCRIPTOR.fields_by_name[kind].json_name  # exponentialHistogram...
+    data = head.get(json_kind, {})
+    data_text = _object_text(data, "dataPoints", points, first=True) if points else _dumps(data)
+    parts = [f"{_dumps(k)}:{_dumps(v)}" for k, v in head.items() if k != json_kind]
+    # The data oneof (fields 5-11) comes after name, description and unit (1-3) and
+    # before metadata (12).
+    at = sum(1 for k in head if k in ("name", "description", "unit"))
+    parts.insert(at, f"{_dumps(json_kind)}:{data_text}")
+    return "{" + ",".join(parts) + "}"
+
+
 def metrics_json_line(metrics_data: MetricsData) -> str:
-    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built one metric at a time
-    with the GIL handed back once a slice is used (``otelgpu.otel.slicing``): protobuf's
-    JSON printer walks every field in Python (tens of ms for a collection over 8 GPUs),
-    which would stall the application's threads for that long in one piece. The request is
-    encoded in slices too (``otelgpu.otel.metric_encoding``). Same line, parsed."""
+    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built one data point at a
+    time with the GIL handed back once a slice is used (``otelgpu.otel.slicing``):
+    protobuf's JSON printer walks every field in Python (tens of ms for a collection over 8
+    GPUs), which would stall the application's threads for that long in one piece; so the
+    text of each point is made (ids in hex, compact) and the line spliced from those texts,
+    never re-encoded whole. The request is encoded in slices too
+    (``otelgpu.otel.metric_encoding``). The same line, character for character."""
     slicer = Slicer()
     request = encode_metrics_sliced(metrics_data, slicer)
     resources = []
     for rm in request.resource_metrics:
         scopes = []
         for sm in rm.scope_metrics:
-            metrics = []
-            for metric in sm.metrics:
-                slicer.tick()
-                metrics.append(json_format.MessageToDict(metric, use_integers_for_enums=True))
+            metrics = [_metric_text(metric, slicer) for metric in sm.metrics]
             if metrics:
-                bare_scope = type(sm)()
-                bare_scope.CopyFrom(sm)
-                del bare_scope.metrics[:]
-                head = json_format.MessageToDict(bare_scope, use_integers_for_enums=True)
-                scopes.append({**head, "metrics": metrics})
+                head = json_format.MessageToDict(_bare(sm, "metrics"), use_integers_for_enums=True)
+                scopes.append(_object_text(head, "metrics", metrics))
         if scopes:
-            bare = type(rm)()
-            bare.CopyFrom(rm)
-            del bare.scope_metrics[:]
-            head = json_format.MessageToDict(bare, use_integers_for_enums=True)
-            resources.append({**head, "scopeMetrics": scopes})
-    line = {"resourceMetrics": resources} if resources else {}
-    return json.dumps(ids_to_hex(line), separators=(",", ":"))
+            slicer.tick()
+            head = json_format.MessageToDict(
+                _bare(rm, "scope_metrics"), use_integers_for_enums=True
+            )
+            resources.append(_object_text(head, "scopeMetrics", scopes))
+    return '{"resourceMetrics":[' + ",".join(resources) + "]}" if resources else "{}"
 
 
 def read_recording(path: str | os.PathLike[str]) -> Iterator[Message]:

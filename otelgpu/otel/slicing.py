@@ -3,16 +3,32 @@
 A Python thread keeps the GIL until it blocks or, when another thread asks for it, until
 the interpreter's switch interval (5 ms) runs out -- and a C call never gives it up. So
 otelgpu's background threads (export, collection, deferred work) cut long work into
-slices and, after every ``SLICE_S`` of it, sleep ``YIELD_S``: a real sleep, long enough
-for a waiting application thread to wake up and take the GIL (``time.sleep(0)`` returns
-before a woken thread is scheduled, and the sleeper usually takes the GIL straight back).
+slices and, after every ``SLICE_S`` of it (the thread's CPU time: a thread preempted by a
+loaded machine does not pause more often for it; the wall clock is read first, the
+thread's CPU clock only once a wall slice passed), :func:`pause`: a real sleep of ``YIELD_S``,
+long enough for a waiting application thread to wake up and take the GIL
+(``time.sleep(0)`` returns before a woken thread is scheduled, and the sleeper usually
+takes the GIL straight back).
+
+On a loaded machine ``YIELD_S`` is not always enough: the host thread, woken when the
+GIL was released, may still be waiting for a CPU when the sleep ends, and the background
+thread (or another of otelgpu's) takes the GIL back before the host ran at all -- then
+the host waits for the next slice, or for the switch interval. So :func:`pause` watches
+the host (the main thread) on Linux: it keeps sleeping, ``YIELD_S`` at a time and at most
+``MAX_WAIT_S`` in all, while the main thread is runnable (state ``R`` in
+``/proc/self/task/<tid>/stat``, i.e. woken, waiting for a CPU) and its CPU clock
+(``pthread_getcpuclockid``) has not moved since the pause began. A main thread that is
+blocked (sleeping, waiting on I/O or a GPU) or that ran is not waited for. Only otelgpu's
+own threads sleep; nothing in the interpreter (switch interval) or the host changes.
 
 Thread safety: a :class:`Slicer` belongs to one thread (one piece of work); :func:`tick`
-keeps its slice per thread.
+keeps its slice per thread; :func:`pause` may be called from any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 
@@ -20,40 +36,133 @@ import time
 SLICE_S = 0.0003
 #: How long a background thread sleeps to hand the GIL back (seconds).
 YIELD_S = 0.0001
+#: Longest one :func:`pause` waits for a runnable host thread to get a CPU (seconds).
+MAX_WAIT_S = 0.002
 
 
-def pause() -> None:
-    """Hand the GIL over: a waiting thread runs before the caller goes on."""
-    time.sleep(YIELD_S)
+class _Host:
+    """The main thread's CPU clock and scheduler state (Linux), for one process."""
+
+    __slots__ = ("clock", "fd", "pid")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        main = threading.main_thread()
+        self.clock = time.pthread_getcpuclockid(main.ident or 0)
+        self.fd = os.open(f"/proc/self/task/{main.native_id}/stat", os.O_RDONLY)
+
+    def cpu_ns(self) -> int:
+        return time.clock_gettime_ns(self.clock)
+
+    def runnable(self) -> bool:
+        """Whether the main thread is running or waiting for a CPU (not blocked)."""
+        stat = os.pread(self.fd, 512, 0)
+        # "tid (comm) S ...": the state follows the last ')' (comm may contain one).
+        end = stat.rfind(b")")
+        return stat[end + 2 : end + 3] == b"R"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+_host: _Host | None = None
+_host_lock = threading.Lock()
+_no_host = False
+
+
+def _current_host() -> _Host | None:
+    """The :class:`_Host` of this process (rebuilt after a fork), ``None`` where the
+    platform cannot tell (then :func:`pause` is a plain sleep)."""
+    global _host, _no_host
+    host = _host
+    if host is not None and host.pid == os.getpid():
+        return host
+    if _no_host:
+        return None
+    with _host_lock:
+        if _host is not None and _host.pid == os.getpid():
+            return _host
+        if _host is not None:
+            _host.close()  # inherited from the parent: another main thread
+            _host = None
+        try:
+            _host = _Host()
+        except (AttributeError, OSError):  # not Linux, or no /proc
+            _no_host = True
+            return None
+        return _host
+
+
+_sleep = time.sleep  # a module attribute: tests count the sleeps
 
 
 _local = threading.local()
 
 
+def pause() -> None:
+    """Hand the GIL over: a waiting host thread runs before the caller goes on (bounded
+    by ``MAX_WAIT_S``; see the module docstring). The calling thread's :func:`tick`
+    slice starts again afterwards."""
+    try:
+        _hand_over()
+    finally:
+        _local.end = time.perf_counter() + SLICE_S
+        _local.cpu = time.thread_time()
+
+
+def _hand_over() -> None:
+    host = _current_host()
+    if host is None or threading.current_thread() is threading.main_thread():
+        _sleep(YIELD_S)
+        return
+    try:
+        before = host.cpu_ns()
+        deadline = time.perf_counter() + MAX_WAIT_S
+        _sleep(YIELD_S)
+        if host.cpu_ns() != before or not host.runnable():
+            return
+        # Runnable and not yet run: it stays so until it runs (it cannot block without
+        # running), so only its clock is polled from here (cheap; /proc is ~10 µs).
+        while host.cpu_ns() == before and time.perf_counter() < deadline:
+            _sleep(YIELD_S)
+    except OSError:  # the main thread ended (interpreter exit): nothing to wait for
+        _sleep(YIELD_S)
+
+
 def tick() -> None:
     """:meth:`Slicer.tick` for the calling thread's current work (thread-local slice):
     for code that runs in many small calls, such as metric callbacks."""
-    clock = time.perf_counter
-    if clock() > getattr(_local, "end", 0.0):
-        pause()
-        _local.end = clock() + SLICE_S
+    if time.perf_counter() > getattr(_local, "end", 0.0):
+        used = time.thread_time() - getattr(_local, "cpu", 0.0)
+        if used >= SLICE_S:
+            pause()
+        else:  # preempted meanwhile (a loaded machine): the slice is not used up yet
+            _local.end = time.perf_counter() + SLICE_S - used
 
 
 class Slicer:
-    """Calls :func:`pause` from :meth:`tick` once ``slice_s`` passed since the last pause."""
+    """Calls :func:`pause` from :meth:`tick` once the thread ran ``slice_s`` (its CPU
+    time) since the last pause."""
 
-    __slots__ = ("_clock", "_end", "_slice_s", "pauses")
+    __slots__ = ("_clock", "_cpu", "_end", "_slice_s", "pauses")
 
     def __init__(self, slice_s: float = SLICE_S) -> None:
         self._clock = time.perf_counter
         self._slice_s = slice_s
         self._end = self._clock() + slice_s
+        self._cpu = time.thread_time()
         #: How many times :meth:`tick` paused.
         self.pauses = 0
 
     def tick(self) -> None:
         """Pause if this slice is used up (cheap otherwise: one clock read)."""
         if self._clock() > self._end:
+            used = time.thread_time() - self._cpu
+            if used < self._slice_s:  # preempted meanwhile: the slice is not used up
+                self._end = self._clock() + self._slice_s - used
+                return
             pause()
             self.pauses += 1
             self._end = self._clock() + self._slice_s
+            self._cpu = time.thread_time()

@@ -25,22 +25,37 @@ def on_gc(phase, info):
     if phase == "start" and info["generation"] == 2:
         full.append(threading.current_thread().name)
 settings = json.loads(sys.argv[1])
-handle = otelgpu.instrument(gpu=True, devices="0", frameworks="none", span_schedule_delay_ms=500,
-                            metric_export_interval_ms=1000, step_spans_per_second=200, **settings)
+requests = sys.argv[3] == "request"
+handle = otelgpu.instrument(gpu=True, devices=None if requests else "0", frameworks="none",
+                            span_schedule_delay_ms=500, metric_export_interval_ms=1000,
+                            step_spans_per_second=200, **settings)
 gc.callbacks.append(on_gc)
-end = time.monotonic() + float(sys.argv[2])
 steps = 0
-while time.monotonic() < end:
-    with otelgpu.step(samples=32, tokens=4096):
-        steps += 1
+if requests:  # a number of requests, not a time: promotions follow allocations
+    for _ in range(int(sys.argv[2])):
+        with otelgpu.request(model="m"):
+            steps += 1
+else:
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end:
+        with otelgpu.step(samples=32, tokens=4096):
+            steps += 1
 gc.callbacks.remove(on_gc)
 handle.shutdown()
 print(json.dumps({"steps": steps, "full": full}))
 """
 
 
-@pytest.mark.parametrize("exporter", ["otlp", "recording"])
-def test_no_full_collection_during_a_busy_step_loop(exporter: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("exporter", "kind"), [("otlp", "step"), ("recording", "step"), ("otlp", "request")]
+)
+def test_no_full_collection_during_a_busy_loop(exporter: str, kind: str, tmp_path: Path) -> None:
+    """Steps (1 GPU) for 12 s, or 20,000 requests (8 GPUs, every request a span, thousands
+    per second: queued spans are encoded as soon as a few wait, ``processor.ENCODE_AT``).
+    In this bare process a full collection falls due after ~14,000 promotions; waiting
+    spans promoted ~0.9 objects per request before (a full collection every ~15,000
+    requests), ~0.2 now."""
+    limit = "20000" if kind == "request" else "12"
     receiver = OtlpReceiver().start()
     settings: dict[str, Any] = (
         {"otlp_endpoint": receiver.grpc_endpoint, "otlp_protocol": "grpc"}
@@ -49,7 +64,7 @@ def test_no_full_collection_during_a_busy_step_loop(exporter: str, tmp_path: Pat
     )
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(settings), "12"],
+            [sys.executable, "-c", _CHILD, json.dumps(settings), limit, kind],
             capture_output=True,
             text=True,
             timeout=120,

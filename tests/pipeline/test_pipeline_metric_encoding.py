@@ -208,3 +208,32 @@ def test_recording_metrics_line_is_the_sdk_request_as_json() -> None:
 
     data = _collection(gpus=3)
     assert json.loads(metrics_json_line(data)) == json.loads(to_json_line(encode_metrics(data)))
+
+
+def test_recording_metrics_line_is_built_one_data_point_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The JSON line of an 8-GPU collection (sketches with hundreds of buckets included)
+    is the SDK request's JSON, character for character, and the recording hands the GIL
+    back between data points: at least one chance per point, beyond the encoding's."""
+    from otelgpu.otel import recording
+
+    data = _collection(gpus=8)
+    points = sum(
+        len(m.data.data_points)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    )
+    made: list[_EveryTick] = []
+
+    def every_tick() -> _EveryTick:
+        made.append(_EveryTick())
+        return made[-1]
+
+    monkeypatch.setattr(recording, "Slicer", every_tick)
+    line = recording.metrics_json_line(data)
+    assert line == recording.to_json_line(encode_metrics(data))
+    assert len(made) == 1
+    # The encoding ticks once per point or chunk of points, the JSON once per point.
+    assert len(made[0].slices) >= points + 10

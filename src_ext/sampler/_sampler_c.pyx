@@ -332,7 +332,6 @@ cdef class NativeCore:
         ``PyCore.summary``: same rules, same floating-point order), or None."""
         cdef otg_window_t w
         cdef int i, k, found
-        cdef int first = 1
         cdef uint64_t count = 0, samples = 0, peak = 0, reasons = 0, eccu = 0, bad_ecc
         cdef uint32_t valid = 0, temp = 0, gpm_bits = 0
         cdef double util_sum = 0.0, mem_util_sum = 0.0, util_min = 0.0, util_max = 0.0

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelgpu.otel.exporters import GuardedMetricExporter, preferred_temporality
+from otelgpu.otel.metric_reader import ForkAwareMetricReader
 from otelgpu.otel.processor import BoundedBatchSpanProcessor
-from otelgpu.otel.providers import ForkAwareMetricReader
 from otelgpu.otel.stats import InternalStats
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")

@@ -51,11 +51,10 @@ class PhaseSource(Protocol):
 
 
 BATCH = 64
-BATCH_AGE_NS = 1_000_000_000
-"""Steps are buffered, then go into the run summary and the phase sketch in one batch: at
-``BATCH`` steps or once the buffered steps span ``BATCH_AGE_NS`` (so slow steps reach the
-exported phase sketch within about a second), and whenever the summary is read
-(:meth:`TrainingDiagnosis.flush`)."""
+"""Steps are buffered, then go into the run summary and the phase sketch in one batch:
+every ``BATCH`` steps, and whenever the summary is read or the instrumentation flushes
+(:meth:`TrainingDiagnosis.flush`). A count of steps, not a time: the cost per step does
+not depend on how long steps take (an exported phase sketch lags by < ``BATCH`` steps)."""
 
 
 _PHASES = tuple(N.PHASES)
@@ -279,7 +278,7 @@ class TrainingDiagnosis:
         start, end = record.start_ns, record.end_ns
         pending = self._pending
         pending.append((start, end, phases, seconds))
-        if len(pending) >= BATCH or end - pending[0][0] >= BATCH_AGE_NS:
+        if len(pending) >= BATCH:
             self._flush(emitter)
         found = self._detect(rt, record, phases, end - start)
         if found:

@@ -58,6 +58,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# this checkout's otelgpu (built in place), not whichever one the environment installed
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_torch import _epoch, _runtime, _setup
 
@@ -446,8 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--callgrind-steps",
         type=int,
-        default=EVERY,
-        help="steps counted under callgrind (0: off; a multiple of the exchange period)",
+        default=2 * EVERY,
+        help="steps counted under callgrind (0: off; a multiple of the exchange period; "
+        "more steps average out the work done once per window or per export)",
     )
     parser.add_argument("--callgrind-child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true")

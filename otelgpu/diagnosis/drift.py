@@ -67,7 +67,11 @@ class Baseline(Protocol):
         """The baseline distribution, or None while it is not known yet."""
 
     def add(self, value: float) -> None:
-        """Offers one value of the run (a file baseline ignores it)."""
+        """Offers one value of the run (a file baseline ignores it).
+
+        A baseline may also have a ``final`` attribute: True once its sketch will not
+        change any more and ``add`` has no effect (the detector then stops offering).
+        """
 
 
 class RunStartBaseline:
@@ -86,6 +90,11 @@ class RunStartBaseline:
 
     def sketch(self) -> QuantileSketch | None:
         return self._sketch if self._sketch.count >= self.size else None
+
+    @property
+    def final(self) -> bool:
+        """True once the baseline is complete (frozen from then on)."""
+        return bool(self._sketch.count >= self.size)
 
 
 class QuantileDrift:
@@ -122,16 +131,23 @@ class QuantileDrift:
         self._windows = 0
         self._ticks = 0
         self._limit = RateLimiter(cooldown)
+        self._final: QuantileSketch | None = None  # the baseline's sketch, once final
 
     def add(self, value: float) -> Finding | None:
         """One value (seconds); a finding when a window closes with a significant shift."""
         self._ticks += 1
-        self.baseline.add(value)
-        base = self.baseline.sketch()
-        if base is None:
-            return None
-        self._current.add(value)
-        if self._current.count < self.window:
+        base = self._final
+        if base is None:  # the baseline may still take values: offer this one
+            baseline = self.baseline
+            baseline.add(value)
+            base = baseline.sketch()
+            if base is None:
+                return None
+            if getattr(baseline, "final", False) is True:
+                self._final = base
+        current = self._current
+        current.add(value)
+        if current.count < self.window:
             return None
         current, self._current = self._current, QuantileSketch()
         self._windows += 1

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -45,6 +45,10 @@ class _Instruments:
         # series keys frozen once: a step's seven records skip the per-call freeze
         self.phase_keys = {p: freeze(a) for p, a in self.phase_attrs.items()}
         self.span_keys = {p: N.SPAN_PHASE_PREFIX + p for p in N.PHASES}
+        # per phase everything a step needs, found with one lookup
+        self.phase_slots = {
+            p: (self.phase_keys[p], self.phase_attrs[p], self.span_keys[p]) for p in N.PHASES
+        }
 
     def observe_skew(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self.lock:
@@ -84,16 +88,37 @@ class Emitter:
         """Records one step's phases (ns) into the phase sketch (seconds); with ``fields``,
         also sets the step span's phase attributes (seconds) there."""
         inst = self._inst
-        record, attrs, keys = inst.phase.record_frozen, inst.phase_attrs, inst.phase_keys
+        record, slots = inst.phase.record_frozen, inst.phase_slots
         if fields is None:
             for p, ns in phases.items():
-                record(ns / 1e9, keys[p], attrs[p])
+                key, attrs, _ = slots[p]
+                record(ns / 1e9, key, attrs)
             return
-        span_keys = inst.span_keys
+        for p, ns in phases.items():
+            key, attrs, span_key = slots[p]
+            s = ns / 1e9
+            record(s, key, attrs)
+            fields[span_key] = s
+
+    def phase_fields(self, phases: Mapping[str, int], fields: dict[str, Any]) -> list[float]:
+        """Sets one step's phase attributes (seconds) in its span ``fields`` and returns the
+        seconds in the order of ``phases`` (per step; the phase sketch gets them later, in
+        a batch: :meth:`record_phase_columns`). An unknown phase raises ``KeyError``."""
+        span_keys = self._inst.span_keys
+        seconds: list[float] = []
+        append = seconds.append
         for p, ns in phases.items():
             s = ns / 1e9
-            record(s, keys[p], attrs[p])
             fields[span_keys[p]] = s
+            append(s)
+        return seconds
+
+    def record_phase_columns(self, columns: Mapping[str, Sequence[float]]) -> None:
+        """Records a batch of steps into the phase sketch: per phase, its seconds on every
+        step of the batch (in step order), as :meth:`phases` would one step at a time."""
+        record_many, attrs = self._inst.phase.record_many, self._inst.phase_attrs
+        for p, seconds in columns.items():
+            record_many(seconds, attrs[p])
 
     def set_skew(self, rank: int, skew: float) -> None:
         """This rank's latest skew (exported by ``otelgpu.train.rank.skew``)."""

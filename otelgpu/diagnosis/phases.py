@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Interval", "clip", "overlap", "split_step", "total"]
+__all__ = ["Interval", "clip", "overlap", "phases_of", "split_step", "total"]
 
 Interval = tuple[int, int]
 
@@ -78,7 +78,6 @@ def split_step(
     Runs once per step on the telemetry thread: the common case (no collective inside the
     step) builds no intermediate lists.
     """
-    duration = max(0, end_ns - start_ns)
     if comm:
         fwd = clip(forward, start_ns, end_ns)
         bwd = clip(backward, start_ns, end_ns)
@@ -88,15 +87,44 @@ def split_step(
     else:
         f = _clipped_total(forward, start_ns, end_ns) if forward else 0
         b = _clipped_total(backward, start_ns, end_ns) if backward else 0
+    return phases_of(end_ns - start_ns, data_ns, f, b, optimizer_ns, comm_ns, checkpoint_ns)
+
+
+def phases_of(
+    duration_ns: int,
+    data_ns: int,
+    forward_ns: int,
+    backward_ns: int,
+    optimizer_ns: int,
+    comm_ns: int,
+    checkpoint_ns: int,
+) -> dict[str, int]:
+    """The phase dict of :func:`split_step` from its measured parts (ns, positional).
+
+    Negative parts count as 0; ``other`` is the rest of ``duration_ns``, and when the parts
+    add up to more than the step, the excess is taken from forward, then backward, the
+    optimizer, data, checkpoint and comm, so the phases always sum to the step. The hot
+    path (parts fit in the step) is one comparison per part and one dict.
+    """
+    # conditional expressions, not max(): this runs every step, and a builtin call per
+    # part costs more than the comparison itself
+    duration = duration_ns if duration_ns > 0 else 0
+    data = data_ns if data_ns > 0 else 0
+    forward = forward_ns if forward_ns > 0 else 0
+    backward = backward_ns if backward_ns > 0 else 0
+    optimizer = optimizer_ns if optimizer_ns > 0 else 0
+    comm = comm_ns if comm_ns > 0 else 0
+    checkpoint = checkpoint_ns if checkpoint_ns > 0 else 0
+    rest = duration - (data + forward + backward + optimizer + comm + checkpoint)
     phases = {
-        "data": max(0, data_ns),
-        "forward": max(0, f),
-        "backward": max(0, b),
-        "optimizer": max(0, optimizer_ns),
-        "comm": max(0, comm_ns),
-        "checkpoint": max(0, checkpoint_ns),
+        "data": data,
+        "forward": forward,
+        "backward": backward,
+        "optimizer": optimizer,
+        "comm": comm,
+        "checkpoint": checkpoint,
+        "other": rest if rest > 0 else 0,
     }
-    rest = duration - sum(phases.values())
     if rest < 0:
         deficit = -rest
         for name in ("forward", "backward", "optimizer", "data", "checkpoint", "comm"):
@@ -105,6 +133,4 @@ def split_step(
             deficit -= take
             if not deficit:
                 break
-        rest = 0
-    phases["other"] = rest
     return phases

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
+from operator import truediv
 from typing import Any
 
 from otelgpu.diagnosis.findings import Finding
@@ -151,7 +153,12 @@ class Verdict:
 
 
 class RunSummary:
-    """Accumulates the run (thread-safe; memory bounded)."""
+    """Accumulates the run (thread-safe; memory bounded).
+
+    Steps come in batches (:meth:`add_batch`: the training diagnosis buffers a few dozen
+    steps and adds them under one lock, the step sketch with one ``add_many``); what is
+    read is the same as if they had come one by one.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -166,15 +173,31 @@ class RunSummary:
         self.last_ns: int | None = None
 
     def add_step(self, start_ns: int, end_ns: int, phases: Mapping[str, int]) -> None:
+        """One step (ns on one clock)."""
+        self.add_batch(start_ns, end_ns, (end_ns - start_ns,), phases)
+
+    def add_batch(
+        self,
+        first_start_ns: int,
+        last_end_ns: int,
+        durations_ns: Sequence[int],
+        phase_ns: Mapping[str, int],
+    ) -> None:
+        """Consecutive steps at once: the first one's start, the last one's end, every
+        step's duration and the steps' summed phases (all ns on one clock)."""
+        if not durations_ns:
+            return
+        seconds = list(map(truediv, durations_ns, repeat(1e9)))
         with self._lock:
-            self._steps += 1
-            self._step_ns += end_ns - start_ns
-            self._sketch.add((end_ns - start_ns) / 1e9)
-            for p, v in phases.items():
-                self._phase_ns[p] = self._phase_ns.get(p, 0) + v
+            self._steps += len(durations_ns)
+            self._step_ns += sum(durations_ns)
+            self._sketch.add_many(seconds)
+            totals = self._phase_ns
+            for p, v in phase_ns.items():
+                totals[p] = totals.get(p, 0) + v
             if self.first_ns is None:
-                self.first_ns = start_ns
-            self.last_ns = end_ns
+                self.first_ns = first_start_ns
+            self.last_ns = last_end_ns
 
     def add_finding(self, finding: Finding) -> None:
         with self._lock:

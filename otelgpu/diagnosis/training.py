@@ -10,8 +10,9 @@ verdict and, every ``exchange_every`` steps, hands a window summary to the rank 
 counter and a span event on its next step span (one report per job, not one per rank);
 every rank's verdict names the stragglers.
 
-Costs per step (telemetry thread): ~10-20 µs of Python (phase split, a few sketch adds);
-every window one GPU window query and a summary.
+Costs per step (telemetry thread): a few µs of Python (~45k instructions: phase split,
+span fields, detectors); the run summary and the phase sketch take the steps in batches
+(``BATCH``), transposed in C; every window one GPU window query and a summary.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -37,10 +39,25 @@ __all__ = ["PhaseSource", "TrainingDiagnosis"]
 
 
 class PhaseSource(Protocol):
-    """Where a step's forward/backward/collective intervals come from (the torch hooks)."""
+    """Where a step's forward/backward/collective intervals come from (the torch hooks).
+
+    A source whose dicts always hold every phase of ``names.PHASES`` in that order (as
+    :func:`~otelgpu.diagnosis.phases.split_step` builds them) says so with a class
+    attribute ``phases_in_order = True``; its steps are then added up in batches faster.
+    """
 
     def take(self, record: Any) -> tuple[dict[str, int], list[int]]:
         """(phases in ns summing to the step, host time per collective slot in ns)."""
+
+
+BATCH = 64
+"""Steps are buffered, then go into the run summary and the phase sketch in one batch:
+every ``BATCH`` steps, and whenever the summary is read or the instrumentation flushes
+(:meth:`TrainingDiagnosis.flush`). A count of steps, not a time: the cost per step does
+not depend on how long steps take (an exported phase sketch lags by < ``BATCH`` steps)."""
+
+
+_PHASES = tuple(N.PHASES)
 
 
 def record_phases(record: Any) -> dict[str, int]:
@@ -60,41 +77,49 @@ class _Window:
 
     The summary sent is the per-step **median** of each phase and collective slot: one
     slow step (a GC pause, a preempted core) moves a mean, not a median, while a rank that
-    is slow step after step moves both. Per step only references are kept (the step's
-    phase dict, its slots when it had collectives); the medians are taken once per window.
+    is slow step after step moves both. Per step one tuple of references is kept (the
+    step's number, start, end, phase dict and collective slots); everything else is taken
+    once per window.
     """
 
     def __init__(self) -> None:
-        self.steps = 0
-        self.step_ns: list[int] = []
-        self.rows: list[Mapping[str, int]] = []
-        self.slot_rows: list[tuple[int, list[int]]] = []  # (index in window, slots)
-        self.first_step = 0
-        self.last_step = 0
-        self.start_ns = 0
-        self.end_ns = 0
+        self.records: list[tuple[int, int, int, Mapping[str, int], list[int]]] = []
 
-    def add(self, record: Any, phases: Mapping[str, int], slots: list[int]) -> None:
-        if not self.steps:
-            self.first_step, self.start_ns = record.step, record.start_ns
-        if slots:
-            self.slot_rows.append((self.steps, slots))
-        self.steps += 1
-        self.last_step, self.end_ns = record.step, record.end_ns
-        self.step_ns.append(record.end_ns - record.start_ns)
-        self.rows.append(phases)
+    def add(self, record: Any, phases: Mapping[str, int], slots: list[int]) -> int:
+        """Adds one step; returns the window's steps so far."""
+        records = self.records
+        records.append((record.step, record.start_ns, record.end_ns, phases, slots))
+        return len(records)
+
+    @property
+    def steps(self) -> int:
+        return len(self.records)
+
+    @property
+    def step_ns(self) -> list[int]:
+        """Every step's duration (ns)."""
+        return [end - start for _, start, end, _, _ in self.records]
+
+    @property
+    def has_slots(self) -> bool:
+        """Whether any step of the window had collectives seen per call."""
+        return any(r[4] for r in self.records)
 
     @property
     def phases(self) -> dict[str, list[int]]:
         """Per phase, its value on every step of the window."""
-        return {p: [row.get(p, 0) for row in self.rows] for p in N.PHASES}
+        rows = [r[3] for r in self.records]
+        return {p: [row.get(p, 0) for row in rows] for p in N.PHASES}
 
     @property
     def slots(self) -> list[list[int]]:
         """Per collective slot, its host time on every step (0 where the step had none;
         the last slot holds the sum of the step's further collectives)."""
         out = [[0] * self.steps for _ in range(COMM_SLOTS)]
-        for i, slots in self.slot_rows:
+        for i, r in enumerate(self.records):
+            slots = r[4]
+            if not slots:
+                continue
             padded = [*slots[: COMM_SLOTS - 1], sum(slots[COMM_SLOTS - 1 :])]
             for j, v in enumerate(padded):
                 out[j][i] = v
@@ -158,11 +183,18 @@ class TrainingDiagnosis:
         self._emitter: Emitter | None = None
         self._emitter_rt: Any = None
         self._lock = threading.Lock()
+        # steps not yet in the run summary and the phase sketch (at most BATCH)
+        self._pending: deque[tuple[int, int, Mapping[str, int], list[float]]] = deque()
+        self._flush_lock = threading.Lock()
+        # the phase dicts hold every phase in names.PHASES order (our splitter's): batches
+        # are transposed, not looped over
+        self._in_order = phases is None or getattr(phases, "phases_in_order", False) is True
         self.host = socket.gethostname()
         self.rank: int | None = None
         self.closed = False
         self._limit_bytes: float | None = None
         self.windows_sent = 0
+        self._every = settings.exchange_every
 
     # ------------------------------------------------------------------ plumbing
     def emitter(self, rt: Any = None) -> Emitter | None:
@@ -172,9 +204,46 @@ class TrainingDiagnosis:
             if rt is None:
                 return None
         if self._emitter is None or self._emitter_rt is not rt:
+            if self._emitter is not None:
+                self._flush(self._emitter)  # the steps buffered so far are the old runtime's
             self._emitter = Emitter(rt)
             self._emitter_rt = rt
         return self._emitter
+
+    def flush(self) -> None:
+        """Adds the buffered steps to the run summary and the phase sketch (any thread;
+        the torch instrumentation's ``flush()`` calls it, and every read of the summary)."""
+        emitter = self._emitter
+        if emitter is None:
+            emitter = self.emitter()
+        self._flush(emitter)
+
+    def _flush(self, emitter: Emitter | None) -> None:
+        # One lock around taking and adding: batches reach the summary in step order.
+        with self._flush_lock:
+            pending = self._pending
+            rows = [pending.popleft() for _ in range(len(pending))]
+            if not rows:
+                return
+            dicts = [row[2] for row in rows]
+            durations = [row[1] - row[0] for row in rows]
+            if self._in_order:
+                # every step has every phase, in names.PHASES order: the batch is transposed
+                # in C (a column per phase), not looped over per step and phase
+                ns = zip(*map(dict.values, dicts), strict=True)  # type: ignore[arg-type]
+                totals = dict(zip(_PHASES, map(sum, ns), strict=True))
+                self.summary.add_batch(rows[0][0], rows[-1][1], durations, totals)
+                if emitter is not None:
+                    seconds = zip(*[row[3] for row in rows], strict=True)
+                    emitter.record_phase_columns(dict(zip(_PHASES, seconds, strict=True)))
+                return
+            totals = {}
+            for d in dicts:
+                for p, v in d.items():
+                    totals[p] = totals.get(p, 0) + v
+                if emitter is not None:
+                    emitter.phases(d)
+            self.summary.add_batch(rows[0][0], rows[-1][1], durations, totals)
 
     def _error(self, where: str, exc: BaseException) -> None:
         rt = self._runtime_source()
@@ -190,8 +259,8 @@ class TrainingDiagnosis:
         """One finished step (telemetry thread): phases, detectors, window, events.
 
         Runs for every step, so it allocates little: the phase dict is made once and kept
-        by reference (span fields, sketches, run summary, window); the detectors' work
-        beyond an append happens when their windows close.
+        by reference (span fields, the batch for the run summary and the phase sketch,
+        window); the detectors' work beyond an append happens when their windows close.
         """
         if self.closed:
             return
@@ -205,9 +274,12 @@ class TrainingDiagnosis:
             phases, slots = self.phase_source.take(record)
         else:
             phases, slots = record_phases(record), []
-        emitter.phases(phases, fields)  # the phase sketch and the span's phase attributes
+        seconds = emitter.phase_fields(phases, fields)  # the span's phase attributes
         start, end = record.start_ns, record.end_ns
-        self.summary.add_step(start, end, phases)
+        pending = self._pending
+        pending.append((start, end, phases, seconds))
+        if len(pending) >= BATCH:
+            self._flush(emitter)
         found = self._detect(rt, record, phases, end - start)
         if found:
             for finding in found:
@@ -216,9 +288,10 @@ class TrainingDiagnosis:
         if emitter.has_events():
             events.extend(emitter.take_events())
         window = self._window
-        window.add(record, phases, slots)
-        every = self.settings.exchange_every
-        if every and window.steps >= every:
+        records = window.records  # _Window.add, inlined: this runs every step
+        records.append((record.step, start, end, phases, slots))
+        every = self._every
+        if every and len(records) >= every:
             self._window = _Window()
             self._send(window, record.step // every)
 
@@ -233,13 +306,16 @@ class TrainingDiagnosis:
         f = self.drift.add(duration_ns / 1e9)
         if f is not None:
             found = [f]
-        share = phases.get("data", 0) / max(1, duration_ns)
+        share = phases.get("data", 0) / (duration_ns if duration_ns > 1 else 1)
         sampler = getattr(rt, "sampler", None)
         util = self._utilization(sampler, record) if sampler is not None else None
         f = self.dips.add(util if util is not None else 1.0 - share, share)
         if f is not None:
             found = [*(found or ()), f]
-        snap = _memory_snapshot(getattr(record, "probe", None))
+        probe = getattr(record, "probe", None)
+        if probe is None:  # no allocator snapshot this step (CPU, or memory off)
+            return found
+        snap = _memory_snapshot(probe)
         allocated = getattr(snap, "allocated_bytes", None)
         if isinstance(allocated, int):
             f = self.creep.add(allocated, self._memory_limit(snap))
@@ -312,9 +388,11 @@ class TrainingDiagnosis:
         exchange = self._ensure_exchange()
         if exchange is None:
             return
-        uuid, gpu = self._gpu_state(window.start_ns, window.end_ns)
+        records = window.records or [(0, 0, 0, {}, [])]
+        first, last = records[0], records[-1]  # (step, start_ns, end_ns, phases, slots)
+        uuid, gpu = self._gpu_state(first[1], last[2])
         m = window.median_s
-        slots = [m(v) for v in window.slots] if window.slot_rows else []
+        slots = [m(v) for v in window.slots] if window.has_slots else []
         while slots and slots[-1] == 0.0:
             slots.pop()
         summary = RankSummary(
@@ -326,8 +404,8 @@ class TrainingDiagnosis:
             host=self.host,
             gpu_uuid=uuid,
             gpu=gpu,
-            first_step=window.first_step,
-            last_step=window.last_step,
+            first_step=first[0],
+            last_step=last[0],
         )
         if exchange.submit(index, summary):
             self.windows_sent += 1
@@ -416,6 +494,7 @@ class TrainingDiagnosis:
 
     def verdict(self) -> Verdict:
         """The verdict so far (on demand)."""
+        self.flush()
         return self.summary.verdict(self.gpu_health())
 
     def close(self) -> Verdict | None:
@@ -426,6 +505,7 @@ class TrainingDiagnosis:
             self.closed = True
         if self.exchange is not None:
             self.exchange.close()
+        self.flush()
         if self.summary.steps == 0:
             return None
         verdict = self.verdict()

@@ -207,6 +207,60 @@ def test_diagnosis_memory_creep_fed_from_the_step_probe() -> None:
             h.close()
 
 
+def test_diagnosis_batched_steps_read_as_if_added_one_by_one() -> None:
+    """The training diagnosis adds steps to the run summary and the phase sketch in
+    batches; every read (a verdict mid-batch, a flush) holds every step so far, with the
+    same sums and the same sketch buckets as steps added one at a time."""
+    from fixtures.torch_runtime import RuntimeHarness
+
+    from otelgpu.diagnosis import names as N
+    from otelgpu.diagnosis.settings import resolve
+    from otelgpu.diagnosis.training import BATCH, TrainingDiagnosis, record_phases
+    from otelgpu.instrumentation.torch._steps import StepRecord
+
+    rng = random.Random(7)
+    h = RuntimeHarness()
+    try:
+        d = TrainingDiagnosis(
+            functools.partial(getattr, h, "runtime"), resolve({"exchange_every": 0})
+        )
+        one_by_one = RunSummary()
+        expected = {p: QuantileSketch() for p in N.PHASES}
+        steps = BATCH + BATCH // 2 + 3  # not a multiple of the batch
+        t = 10**9
+        for step in range(1, steps + 1):
+            duration = rng.randint(4_000_000, 6_000_000)
+            record = StepRecord(
+                step=step,
+                start_ns=t,
+                end_ns=t + duration,
+                data_wait_ns=rng.randint(0, duration // 4),
+                optimizer_ns=rng.randint(0, duration // 4),
+            )
+            t += duration + rng.randint(0, 50_000)
+            fields: dict[str, Any] = {}
+            d.observe_step(record, fields, [])
+            phases = record_phases(record)
+            one_by_one.add_step(record.start_ns, record.end_ns, phases)
+            for p, ns in phases.items():
+                expected[p].add(ns / 1e9)
+                assert fields[N.SPAN_PHASE_PREFIX + p] == ns / 1e9  # the span: every step
+            if step in (1, BATCH - 1, BATCH + 5):
+                assert d.verdict().steps == step  # a read mid-batch sees every step
+        d.flush()
+        got = {a[N.ATTR_PHASE]: s for a, s in h.sketch(N.PHASE_DURATION.name).series()}
+        assert set(got) == set(N.PHASES)
+        for p in N.PHASES:
+            assert got[p].count == steps
+            assert got[p].to_bytes() == expected[p].to_bytes(), p
+        verdict = d.verdict()
+        assert verdict.steps == steps
+        assert verdict.to_dict() == one_by_one.verdict(d.gpu_health()).to_dict()
+        assert d.summary.first_ns == 10**9 and d.summary.last_ns == record.end_ns
+    finally:
+        h.close()
+
+
 # ----------------------------------------------------------------------------- stragglers
 def _row(rank: int, **phases: float) -> RankSummary:
     base = {

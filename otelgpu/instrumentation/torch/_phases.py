@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from otelgpu.diagnosis.phases import Interval, split_step
+from otelgpu.diagnosis.phases import Interval, phases_of, split_step
 from otelgpu.diagnosis.stragglers import COMM_SLOTS
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._patch import ErrorSink, Patches, Sink, dynamo_skip
@@ -75,6 +75,24 @@ def _take(ring: deque[Interval], end_ns: int) -> list[Interval]:
             break  # crosses into the next step: keep it for that one
         ring.popleft()
     return out
+
+
+def _take_total(ring: deque[Interval], start_ns: int, end_ns: int) -> int:
+    """``sum of clip(_take(ring, end_ns), start_ns, end_ns)`` in one pass, no list (the
+    common step: no collective to subtract)."""
+    got = 0
+    while ring:
+        a, b = ring[0]
+        if a >= end_ns:
+            break
+        lo = a if a > start_ns else start_ns
+        hi = b if b < end_ns else end_ns
+        if hi > lo:
+            got += hi - lo
+        if b > end_ns:
+            break  # crosses into the next step: keep it for that one
+        ring.popleft()
+    return got
 
 
 class TeeSink:
@@ -133,19 +151,28 @@ class _TimedCall:
         self.prev = module.__dict__.get("_compiled_call_impl")
         inner = self.prev
         ref = self.module
-        enter, exit_ = self.hooks._enter, self.hooks._exit
+        hooks = self.hooks
+        tls, clock, forward = hooks._tls, hooks.clock, hooks.forward
 
         def timed_call(*args: Any, **kwargs: Any) -> Any:
             if not GATE.on:
                 target = inner if inner is not None else ref()._call_impl  # type: ignore[union-attr]
                 return target(*args, **kwargs)
-            enter()
+            # PhaseHooks._enter/_exit, inlined: every call of the model pays for them
+            depth = tls.fwd_depth
+            tls.fwd_depth = depth + 1
+            if not depth:
+                tls.fwd_start = clock()
             try:
                 if inner is not None:
                     return inner(*args, **kwargs)
                 return ref()._call_impl(*args, **kwargs)  # type: ignore[union-attr]
             finally:
-                exit_()
+                depth = tls.fwd_depth
+                if depth > 0:
+                    tls.fwd_depth = depth - 1
+                    if depth == 1:
+                        forward.append((tls.fwd_start, clock()))
 
         self.call = timed_call
         module._compiled_call_impl = self.call
@@ -172,6 +199,9 @@ class PhaseHooks:
         clock: the step tracker's ns clock (phases must share the steps' clock).
         sink: where our own errors go.
     """
+
+    phases_in_order = True
+    """:meth:`take` gives every phase of ``names.PHASES``, in that order (``split_step``)."""
 
     def __init__(self, clock: Clock, sink: ErrorSink) -> None:
         self.clock = clock
@@ -336,6 +366,17 @@ class PhaseHooks:
             if ring
             else []
         )
+        if not comm:  # the common step: totals straight from the rings
+            fwd, bwd = self.forward, self.backward
+            return phases_of(
+                e - s,
+                record.data_wait_ns,
+                _take_total(fwd, s, e) if fwd else 0,
+                _take_total(bwd, s, e) if bwd else 0,
+                record.optimizer_ns,
+                record.comm_wait_ns,
+                record.checkpoint_ns,
+            ), []
         phases = split_step(
             s,
             e,
@@ -347,8 +388,6 @@ class PhaseHooks:
             backward=_take(self.backward, e) if self.backward else (),
             comm=comm,
         )
-        if not comm:
-            return phases, []
         slots = [b - a for a, b in comm[: COMM_SLOTS - 1]]
         if len(comm) >= COMM_SLOTS:
             slots.append(sum(b - a for a, b in comm[COMM_SLOTS - 1 :]))

@@ -23,26 +23,16 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from bench_pipeline import providers
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 RESULTS = Path(__file__).parent / "results" / "vllm.md"
 STEP_BUDGET_NS = 10_000_000  # a 10 ms decode step
-
-
-class NullExporter(SpanExporter):
-    def export(self, spans: Sequence[object]) -> SpanExportResult:  # type: ignore[override]
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
 
 
 def measure(fn: Callable[[], None], n: int, rounds: int) -> float:
@@ -105,9 +95,7 @@ def main() -> int:
     import otelgpu
     from otelgpu import _runtime
 
-    tp = TracerProvider(shutdown_on_exit=False)
-    tp.add_span_processor(BatchSpanProcessor(NullExporter(), max_queue_size=1 << 16))
-    mp = MeterProvider(metric_readers=[InMemoryMetricReader()], shutdown_on_exit=False)
+    tp, mp = providers()  # spans batched to a null exporter, as the pipeline benchmark
     handle = otelgpu.instrument(
         tracer_provider=tp, meter_provider=mp, exporters="none", sample_interval_ms=100
     )

@@ -5,7 +5,6 @@ the source, the dotted key and the accepted values.
 from __future__ import annotations
 
 import math
-import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,11 +36,6 @@ from otelgpu.sim._scenario_keys import (
 )
 from otelgpu.sim._scenario_model import Event, Pattern, Process, Scenario, _num
 from otelgpu.sim.models import ARCHITECTURES, HGX_BUSES, model_defaults, model_names
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on 3.10 only
-    pass  # type: ignore[import-not-found, unused-ignore]
 
 
 class _Checker:

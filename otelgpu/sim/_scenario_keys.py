@@ -4,16 +4,8 @@ error every scenario problem raises. Shared by the model, validation and loading
 
 from __future__ import annotations
 
-import sys
-
 from otelgpu.errors import ConfigurationError
 from otelgpu.sim.gpm import GPM_KEYS, NO_PERMISSION_KEY
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on 3.10 only
-    pass  # type: ignore[import-not-found, unused-ignore]
-
 
 FORMAT_VERSION = 1
 MAX_GPUS = 16

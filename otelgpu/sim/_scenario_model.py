@@ -6,7 +6,6 @@ A loaded :class:`Scenario` is treated as immutable.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +20,6 @@ from otelgpu.sim._scenario_keys import (
 )
 from otelgpu.sim.gpm import gpm_config
 from otelgpu.sim.models import ARCHITECTURES
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on 3.10 only
-    pass  # type: ignore[import-not-found, unused-ignore]
 
 
 @dataclass(frozen=True)

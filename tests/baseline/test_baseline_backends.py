@@ -45,6 +45,19 @@ DAY = 86400.0
 MODEL_KEY = "gen_ai_request_model"
 
 
+def learn(url: str, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``otelgpu baseline learn --url URL OPTIONS --out OUT`` (the real command line)."""
+    return cli("baseline", "learn", "--url", url, *options, "--out", str(out))
+
+
+def promtool(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``promtool ARGS``, its output captured."""
+    binary = require_binaries("promtool")["promtool"]
+    return subprocess.run(
+        [binary, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 @pytest.fixture(scope="module")
 def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, float]]:
     """A Prometheus holding one healthy day of the simulated fleet (1-minute samples)."""
@@ -60,19 +73,15 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, flo
 def learned(history: tuple[Any, float], tmp_path_factory: pytest.TempPathFactory) -> Path:
     store, end = history
     out = tmp_path_factory.mktemp("learned")
-    result = cli(
-        "baseline",
-        "learn",
-        "--url",
+    result = learn(
         store.url,
+        out / "baseline.json",
         "--window",
         "1d",
         "--end",
         str(end),
         "--header",
         "X-Scope-OrgID=fleet",
-        "--out",
-        str(out / "baseline.json"),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return out / "baseline.json"
@@ -114,27 +123,14 @@ def test_baseline_learn_every_figure_per_key(learned: Path) -> None:
 
 
 def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_path: Path) -> None:
-    promtool = require_binaries("promtool")["promtool"]
     rules, tests = tmp_path / "rules.yml", tmp_path / "rules.test.yml"
     result = cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
     assert result.returncode == 0, result.stderr
     entries = len(load(learned).entries)
-    check = subprocess.run(
-        [promtool, "check", "rules", str(rules)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    check = promtool("check", "rules", str(rules))
     assert check.returncode == 0 and "FAILED" not in check.stdout + check.stderr, check.stderr
     assert f"SUCCESS: {entries + 4} rules found" in check.stdout
-    unit = subprocess.run(
-        [promtool, "test", "rules", str(tests)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    unit = promtool("test", "rules", str(tests), timeout=120)
     assert unit.returncode == 0, unit.stdout[-4000:]
     import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
 
@@ -153,7 +149,6 @@ def test_baseline_rules_pass_promtool_check_and_unit_tests(learned: Path, tmp_pa
 def test_baseline_rules_unit_tests_catch_a_loosened_threshold(
     learned: Path, tmp_path: Path
 ) -> None:
-    promtool = require_binaries("promtool")["promtool"]
     rules, tests = tmp_path / "rules.yml", tmp_path / "rules.test.yml"
     cli("baseline", "rules", str(learned), "--out", str(rules), "--tests", str(tests))
     step = load(learned).entry("train_step_p95")
@@ -171,13 +166,7 @@ def test_baseline_rules_unit_tests_catch_a_loosened_threshold(
     assert rule["expr"].endswith(old)
     rule["expr"] = rule["expr"].replace(old, f"> {step.threshold * 10:.6g}")
     rules.write_text(yaml.safe_dump(doc))
-    unit = subprocess.run(
-        [promtool, "test", "rules", str(tests)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    unit = promtool("test", "rules", str(tests), timeout=120)
     assert unit.returncode == 1
     assert "OtelgpuBaselineStepTimeRegression fires" in unit.stdout + unit.stderr
 
@@ -248,7 +237,7 @@ def test_baseline_tighten_against_the_store(
 def test_baseline_refuses_an_empty_store(tmp_path: Path) -> None:
     store = start_store(tmp_path, {"global": {"scrape_interval": "15s"}})
     try:
-        result = cli("baseline", "learn", "--url", store.url, "--out", str(tmp_path / "b.json"))
+        result = learn(store.url, tmp_path / "b.json")
     finally:
         store.stop()
     assert result.returncode == 3
@@ -262,16 +251,7 @@ def test_baseline_refuses_one_hour_of_history(tmp_path: Path) -> None:
     data = backfill(tmp_path, end, 3600)
     store = start_store(tmp_path, {"global": {"scrape_interval": "15s"}}, data)
     try:
-        result = cli(
-            "baseline",
-            "learn",
-            "--url",
-            store.url,
-            "--end",
-            str(end),
-            "--out",
-            str(tmp_path / "b.json"),
-        )
+        result = learn(store.url, tmp_path / "b.json", "--end", str(end))
     finally:
         store.stop()
     assert result.returncode == 3, result.stdout + result.stderr
@@ -293,16 +273,7 @@ def test_baseline_refuses_a_store_without_the_metrics(tmp_path: Path) -> None:
     store = start_store(tmp_path, config, port=port)
     try:
         assert wait_until(lambda: store.query("up == 1"), 15)
-        result = cli(
-            "baseline",
-            "learn",
-            "--url",
-            store.url,
-            "--window",
-            "1h",
-            "--out",
-            str(tmp_path / "b.json"),
-        )
+        result = learn(store.url, tmp_path / "b.json", "--window", "1h")
     finally:
         store.stop()
     assert result.returncode == 3
@@ -310,14 +281,7 @@ def test_baseline_refuses_a_store_without_the_metrics(tmp_path: Path) -> None:
 
 
 def test_baseline_unreachable_store_exit_code(tmp_path: Path) -> None:
-    result = cli(
-        "baseline",
-        "learn",
-        "--url",
-        f"http://127.0.0.1:{free_port()}",
-        "--out",
-        str(tmp_path / "b.json"),
-    )
+    result = learn(f"http://127.0.0.1:{free_port()}", tmp_path / "b.json")
     assert result.returncode == 4
     assert "the store did not answer" in result.stderr
 
@@ -520,11 +484,9 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
         # The same store, read by `baseline learn --path otlp` (a few seconds of history,
         # with requirements to match), and its rules accepted by promtool.
         out = tmp_path / "otlp-baseline.json"
-        learned = cli(
-            "baseline",
-            "learn",
-            "--url",
+        learned = learn(
             url,
+            out,
             "--path",
             "otlp",
             "--window",
@@ -535,8 +497,6 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
             "0.1",
             "--min-samples",
             "2",
-            "--out",
-            str(out),
         )
         assert learned.returncode == 0, learned.stdout + learned.stderr
     finally:
@@ -577,12 +537,9 @@ def test_baseline_otlp_dashboards_against_victoria_metrics(tmp_path: Path) -> No
         == 0
     )
     assert metric_name("hw.gpu.utilization", "otlp") in rules.read_text()
-    promtool = require_binaries("promtool")["promtool"]
     for args in (
         ("check", "rules", str(rules)),
         ("test", "rules", str(tmp_path / "otlp-rules.test.yml")),
     ):
-        check = subprocess.run(
-            [promtool, *args], capture_output=True, text=True, timeout=60, check=False
-        )
+        check = promtool(*args)
         assert check.returncode == 0, check.stdout[-3000:] + check.stderr

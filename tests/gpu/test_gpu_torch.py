@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import torch  # a test dependency: missing must fail, not skip
 from fixtures.otel import attributes_of
+from fixtures.torch_runtime import RuntimeHarness
 
 pytestmark = pytest.mark.gpu
 
@@ -35,31 +36,12 @@ def _skip_without_cuda() -> None:
 
 
 @pytest.fixture
-def runtime() -> Iterator[Any]:
+def runtime() -> Iterator[RuntimeHarness]:
     """An otelgpu Runtime on in-memory providers (spans and metrics readable)."""
     _skip_without_cuda()
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from otelgpu._runtime import Runtime
-    from otelgpu._settings import Settings
-
-    spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    rt = Runtime(
-        Settings(gpu=False),
-        tracer_provider=tracer_provider,
-        meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
-    )
-    rt.test_spans = spans  # type: ignore[attr-defined]
-    yield rt
-    from otelgpu.instrumentation.torch import TorchInstrumentor
-
-    TorchInstrumentor().uninstrument()
+    harness = RuntimeHarness()
+    yield harness
+    harness.close()
 
 
 @pytest.fixture
@@ -166,10 +148,10 @@ def _train_step(model: Any, opt: Any, x: Any) -> None:
 
 
 def test_instrumented_loop_gets_gpu_comm_and_step_time(
-    runtime: Any, group: str, monkeypatch: pytest.MonkeyPatch
+    runtime: RuntimeHarness, group: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from otelgpu.instrumentation.torch import TorchInstrumentor, _step_queue, flush
     from otelgpu.instrumentation.torch import _names as N
+    from otelgpu.instrumentation.torch import _step_queue, flush
 
     # Spans are made at flush(): a background drain during the loop would find the
     # GPU behind and (correctly) leave the attribute out, which is tested on CPU.
@@ -182,7 +164,7 @@ def test_instrumented_loop_gets_gpu_comm_and_step_time(
     x = torch.randn(512, 2048, device="cuda")
     _train_step(model, opt, x)  # cuBLAS/NCCL set-up before the no-sync window
     torch.cuda.synchronize()
-    TorchInstrumentor().instrument(runtime=runtime, gpu_step_time=True)
+    runtime.instrument(gpu_step_time=True)
     steps = 8
     began = torch.cuda.Event(enable_timing=True)
     ended = torch.cuda.Event(enable_timing=True)
@@ -196,9 +178,9 @@ def test_instrumented_loop_gets_gpu_comm_and_step_time(
     ended.synchronize()  # the test waits for the GPU; otelgpu never did
     loop_gpu_s = began.elapsed_time(ended) / 1e3
     flush()
-    spans = [s for s in runtime.test_spans.get_finished_spans() if s.name == "otelgpu.train.step"]
+    spans = runtime.step_spans()
     assert len(spans) == steps
-    attrs = [dict(s.attributes) for s in spans]
+    attrs = [attributes_of(s) for s in spans]
     for a in attrs:
         print({k: v for k, v in a.items() if ".gpu" in k or ".wait" in k})
     comm = [a[N.SPAN_COMM_GPU] for a in attrs]
@@ -248,30 +230,15 @@ def test_step_spans_attributed_to_the_device_in_use() -> None:
     """``step_devices=auto`` on a real GPU: the step spans carry the context of the device
     holding the model (torch's ordinal mapped to the sampled GPU), not of every GPU."""
     _skip_without_cuda()
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from otelgpu._runtime import Runtime
-    from otelgpu._settings import Settings
-    from otelgpu.instrumentation.torch import TorchInstrumentor, flush
+    from otelgpu.instrumentation.torch import flush
     from otelgpu.sampler import GpuSampler
 
     ordinal = torch.cuda.device_count() - 1
     sampler = GpuSampler(interval_s=0.01)
     sampler.start()
-    spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    rt = Runtime(
-        Settings(gpu=False),
-        tracer_provider=tracer_provider,
-        meter_provider=MeterProvider(),
-        sampler=sampler,
-    )
+    harness = RuntimeHarness(sampler=sampler)
     try:
-        TorchInstrumentor().instrument(runtime=rt)
+        harness.instrument()
         model = torch.nn.Linear(256, 256).to(f"cuda:{ordinal}")
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for _ in range(4):
@@ -280,9 +247,9 @@ def test_step_spans_attributed_to_the_device_in_use() -> None:
             time.sleep(0.05)
         flush()
     finally:
-        TorchInstrumentor().uninstrument()
+        harness.close()
         sampler.stop()
     expected = next(d.uuid for d in sampler.devices if d.cuda_index == ordinal)
-    steps = [attributes_of(s) for s in spans.get_finished_spans() if s.name == "otelgpu.train.step"]
+    steps = [attributes_of(s) for s in harness.step_spans()]
     assert len(steps) == 4
     assert {a.get("hw.id") for a in steps} == {expected}

@@ -43,6 +43,11 @@ def _by_device(rows: list[tuple[dict[str, Any], Any]], uuid: str, **attrs: Any) 
     ]
 
 
+def _by_label(rows: list[tuple[dict[str, Any], Any]], uuid: str, label: str) -> dict[Any, Any]:
+    """``{value of attribute label: metric value}`` over the rows of device ``uuid``."""
+    return {a[label]: v for a, v in rows if a["hw.id"] == uuid}
+
+
 def test_names_units_attributes_and_values(
     sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
 ) -> None:
@@ -84,37 +89,23 @@ def test_names_units_attributes_and_values(
         assert hbm == temp + 6  # the H100 model's memory offset
         assert _by_device(rows("hw.gpu.utilization"), u, **{"hw.gpu.task": "encoder"}) == [0.0]
         assert _by_device(rows("otelgpu.gpu.memory.reserved"), u) == [512 << 20]
-        limits = {
-            a["otelgpu.gpu.temperature.limit_type"]: v
-            for a, v in rows("otelgpu.gpu.temperature.limit")
-            if a["hw.id"] == u
-        }
+        limits = _by_label(
+            rows("otelgpu.gpu.temperature.limit"), u, "otelgpu.gpu.temperature.limit_type"
+        )
         assert limits == {"slowdown": 87, "shutdown": 92}
         assert _by_device(rows("otelgpu.gpu.pcie.replays"), u) == [0]
-        remap = {
-            a["otelgpu.gpu.remap.state"]: v
-            for a, v in rows("otelgpu.gpu.memory.remapped_rows")
-            if a["hw.id"] == u
-        }
+        remap = _by_label(rows("otelgpu.gpu.memory.remapped_rows"), u, "otelgpu.gpu.remap.state")
         assert remap == {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0}
         # GPM at 80 % utilization with the simulator's default shares of utilization.
         assert _by_device(rows("otelgpu.gpu.graphics.activity"), u) == [pytest.approx(0.80)]
         assert _by_device(rows("otelgpu.gpu.sm.activity"), u) == [pytest.approx(0.85 * 0.8)]
         assert _by_device(rows("otelgpu.gpu.sm.occupancy"), u) == [pytest.approx(0.45 * 0.8)]
-        tensor = {
-            a["otelgpu.gpu.tensor.pipe"]: v
-            for a, v in rows("otelgpu.gpu.tensor.activity")
-            if a["hw.id"] == u
-        }
+        tensor = _by_label(rows("otelgpu.gpu.tensor.activity"), u, "otelgpu.gpu.tensor.pipe")
         assert tensor == pytest.approx(
             {"any": 0.55 * 0.8, "hmma": 0.55 * 0.8, "imma": 0.0, "dfma": 0.0, "dmma": 0.0}
         )
         assert _by_device(rows("otelgpu.gpu.dram.activity"), u) == [pytest.approx(0.35 * 0.8)]
-        pipes = {
-            a["otelgpu.gpu.pipe"]: v
-            for a, v in rows("otelgpu.gpu.pipe.activity")
-            if a["hw.id"] == u
-        }
+        pipes = _by_label(rows("otelgpu.gpu.pipe.activity"), u, "otelgpu.gpu.pipe")
         assert pipes == pytest.approx(
             {"fp16": 0.05 * 0.8, "fp32": 0.15 * 0.8, "fp64": 0.0, "integer": 0.1 * 0.8}
         )
@@ -236,9 +227,7 @@ def test_status_degraded_then_predicted_failure(
         sampler.sample_once()
         time.sleep(0.03)  # one collection reads a device's newest sample once per 20 ms
         rows = collect(rd)["hw.status"][1]
-        return {
-            a["hw.state"]: v for a, v in rows if a["hw.id"] == u
-        }  # fmt: skip
+        return _by_label(rows, u, "hw.state")
 
     assert states() == {"ok": 1, "degraded": 0, "predicted_failure": 0, "failed": 0}
     sim_gpu.inject("throttle", gpu=0, reason="hw_thermal", duration_s=5)
@@ -264,12 +253,8 @@ def test_status_from_remapped_rows(
         sampler.sample_once()
         time.sleep(0.03)  # one collection reads a device's newest sample once per 20 ms
         got = collect(rd)
-        states = {a["hw.state"]: v for a, v in got["hw.status"][1] if a["hw.id"] == u}
-        rows = {
-            a["otelgpu.gpu.remap.state"]: v
-            for a, v in got["otelgpu.gpu.memory.remapped_rows"][1]
-            if a["hw.id"] == u
-        }
+        states = _by_label(got["hw.status"][1], u, "hw.state")
+        rows = _by_label(got["otelgpu.gpu.memory.remapped_rows"][1], u, "otelgpu.gpu.remap.state")
         return states, rows
 
     states, rows = read()

@@ -51,6 +51,17 @@ SDK_VARIABLES = [
 ]
 
 
+def _instrument_otlp_grpc(receiver: OtlpReceiver, **settings: Any) -> None:
+    """instrument() exporting over plaintext OTLP/gRPC to ``receiver``, no GPU."""
+    otelgpu.instrument(
+        exporters="otlp",
+        otlp_endpoint=receiver.grpc_endpoint,
+        otlp_insecure=True,
+        gpu=False,
+        **settings,
+    )
+
+
 def _attrs(point: Any) -> dict[str, str]:
     return {kv.key: kv.value.string_value for kv in point.attributes}
 
@@ -179,13 +190,7 @@ def test_ten_megabyte_model_name(probe: Any, otlp_receiver: OtlpReceiver) -> Non
         "one request() with a 10 MB model name among 20 normal ones, OTLP/gRPC (4 MiB message "
         "limit): every span and the request metrics still arrive",
     )
-    otelgpu.instrument(
-        exporters="otlp",
-        otlp_endpoint=otlp_receiver.grpc_endpoint,
-        otlp_insecure=True,
-        gpu=False,
-        span_schedule_delay_ms=100,
-    )
+    _instrument_otlp_grpc(otlp_receiver, span_schedule_delay_ms=100)
     for i in range(21):
         with otelgpu.request(model="m" * 10_000_000 if i == 10 else "llama") as r:
             r.tokens(3)
@@ -328,13 +333,7 @@ def test_hostile_values_to_the_api(probe: Any, otlp_receiver: OtlpReceiver) -> N
         "step(samples=nan/inf/-1/2**63/10**30), request tokens -1/2**64/nan, then 10 normal "
         "steps: nothing raised into the host, the next export still succeeds",
     )
-    otelgpu.instrument(
-        exporters="otlp",
-        otlp_endpoint=otlp_receiver.grpc_endpoint,
-        otlp_insecure=True,
-        gpu=False,
-        metric_export_interval_ms=200,
-    )
+    _instrument_otlp_grpc(otlp_receiver, metric_export_interval_ms=200)
     raised = []
     for value in (math.nan, math.inf, -math.inf, -1, 2**63, 10**30, 1e308):
         try:

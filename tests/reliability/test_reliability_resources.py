@@ -56,24 +56,33 @@ def _flat(run: HostRun) -> tuple[bool, str]:
     return ok, figure
 
 
-def test_many_steps_flat(probe: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("calls", "what", "workload", "instrument"),
+    [
+        ("steps", "otelgpu.step() on a simulated 2-GPU node", {"sim": SMALL_SCENARIO}, {}),
+        (
+            "requests",
+            "otelgpu.request() over 4 models",
+            {"mode": "request", "models": 4},
+            {"gpu": False},
+        ),
+    ],
+    ids=["steps", "requests"],
+)
+def test_many_calls_flat(
+    probe: Any,
+    tmp_path: Path,
+    calls: str,
+    what: str,
+    workload: dict[str, Any],
+    instrument: dict[str, Any],
+) -> None:
     p = probe(
         "resources",
-        f"{N:,} steps",
-        f"{N:,} otelgpu.step() on a simulated 2-GPU node, recording exporter; RSS and mean "
-        "per-call cost per tenth of the run",
+        f"{N:,} {calls}",
+        f"{N:,} {what}, recording exporter; RSS and mean per-call cost per tenth of the run",
     )
-    _check_flat(p, {"sim": SMALL_SCENARIO, "instrument": _recording(tmp_path)})
-
-
-def test_many_requests_flat(probe: Any, tmp_path: Path) -> None:
-    p = probe(
-        "resources",
-        f"{N:,} requests",
-        f"{N:,} otelgpu.request() over 4 models, recording exporter; RSS and mean per-call "
-        "cost per tenth of the run",
-    )
-    _check_flat(p, {"instrument": _recording(tmp_path, gpu=False), "mode": "request", "models": 4})
+    _check_flat(p, {**workload, "instrument": _recording(tmp_path, **instrument)})
 
 
 def _series(path: Path) -> dict[str, tuple[int, bool]]:

@@ -49,6 +49,7 @@ def live_png() -> None:
     # start it (the view's title shows the command line, not this checkout's path).
     work = Path(tempfile.mkdtemp())
     (work / "train.py").write_text((HERE / "live_torch_workload.py").read_text())
+    (work / "live_serving.py").write_text((HERE / "live_serving.py").read_text())
     cmd = [
         "python", "-m", "otelgpu", "run", "--live", "--interval", "0.5", "--sim",
         "healthy-8xh100", "-e", "OTELGPU_EXPORTERS=none", "--", "python", "train.py", "120",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from fixtures.sim import SMALL_SCENARIO, sim_gpu, sim_scenario  # noqa: F401 - fixtures
+from fixtures.sim import SMALL_SCENARIO, sim_gpu, sim_scenario, twins  # noqa: F401 - fixtures
 
 from otelgpu import _impl
 from otelgpu.sampler import BaseGpuSampler, NativeGpuSampler, PyGpuSampler

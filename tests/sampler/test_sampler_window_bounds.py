@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from fixtures.sim import Twins
 
 from otelgpu import _impl, sim
-from otelgpu.sampler import BaseGpuSampler, NativeGpuSampler, PyGpuSampler
+from otelgpu.sampler import BaseGpuSampler, NativeGpuSampler
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -82,30 +83,25 @@ def test_sampler_window_over_the_whole_int64_range_has_positive_energy(
 
 
 @pytest.mark.skipif(_impl.NO_EXTENSIONS, reason="only one twin in this run")
-def test_sampler_twins_agree_on_extreme_and_fractional_bounds(sim_gpu: sim.SimGpu) -> None:
-    assert NativeGpuSampler is not None
-    py, native = PyGpuSampler(), NativeGpuSampler()
-    try:
-        stamps = []
-        for _ in range(40):
-            stamps.append(sim_gpu.time_ns())
-            py.sample_once(timestamp_ns=stamps[-1])
-            native.sample_once(timestamp_ns=stamps[-1])
-            sim_gpu.advance(0.1)
-        bounds = [
-            (INT64_MIN, INT64_MAX),
-            (-(1 << 80), 1 << 80),
-            (stamps[5] + 0.9, stamps[20] + 0.2),
-            (float(stamps[2]), float(stamps[30])),
-            (stamps[10], stamps[10]),
-        ]
-        for device in py.devices:
-            for s, e in bounds:
-                assert py.window(device.uuid, s, e) == native.window(device.uuid, s, e)  # type: ignore[arg-type]
-                assert py.events(s, e) == native.events(s, e)  # type: ignore[arg-type]
-    finally:
-        py.close()
-        native.close()
+def test_sampler_twins_agree_on_extreme_and_fractional_bounds(
+    sim_gpu: sim.SimGpu, twins: Twins
+) -> None:
+    stamps = []
+    for _ in range(40):
+        stamps.append(twins.sample(sim_gpu))
+        sim_gpu.advance(0.1)
+    bounds = [
+        (INT64_MIN, INT64_MAX),
+        (-(1 << 80), 1 << 80),
+        (stamps[5] + 0.9, stamps[20] + 0.2),
+        (float(stamps[2]), float(stamps[30])),
+        (stamps[10], stamps[10]),
+    ]
+    py, native = twins.py, twins.native
+    for device in py.devices:
+        for s, e in bounds:
+            assert py.window(device.uuid, s, e) == native.window(device.uuid, s, e)  # type: ignore[arg-type]
+            assert py.events(s, e) == native.events(s, e)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(_impl.NO_EXTENSIONS, reason="native core only")

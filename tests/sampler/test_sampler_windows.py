@@ -7,9 +7,10 @@ import random
 from collections.abc import Callable
 
 import pytest
+from fixtures.sim import Twins
 
 from otelgpu import _impl, sim
-from otelgpu.sampler import BaseGpuSampler, NativeGpuSampler, PyGpuSampler
+from otelgpu.sampler import BaseGpuSampler
 
 IDLE_W, MAX_W = 70.0, 690.0
 
@@ -122,28 +123,21 @@ def test_events_ring_is_bounded(
 
 
 @pytest.mark.skipif(_impl.NO_EXTENSIONS, reason="only one twin in this run")
-def test_twins_agree_exactly(sim_gpu: sim.SimGpu) -> None:
-    assert NativeGpuSampler is not None
-    py, native = PyGpuSampler(), NativeGpuSampler()
-    try:
-        stamps = []
-        for k in range(300):
-            if k == 100:
-                sim_gpu.inject("throttle", gpu=1, reason="sw_thermal", duration_s=3.0)
-            if k == 150:
-                sim_gpu.inject("ecc", gpu=0, corrected=2, uncorrected=1)
-            stamps.append(sim_gpu.time_ns())
-            py.sample_once(timestamp_ns=stamps[-1])
-            native.sample_once(timestamp_ns=stamps[-1])
-            sim_gpu.advance(0.07)
-        rng = random.Random(7)
-        for device in py.devices:
-            assert py.latest(device.uuid) == native.latest(device.uuid)
-            for _ in range(300):
-                a, b = sorted(rng.randrange(stamps[0] - 10**9, stamps[-1] + 10**9) for _ in "ab")
-                assert py.window(device.uuid, a, b) == native.window(device.uuid, a, b)
-        assert py.events(0, 2**62) == native.events(0, 2**62)
-        assert len(py.events(0, 2**62)) >= 2
-    finally:
-        py.close()
-        native.close()
+def test_twins_agree_exactly(sim_gpu: sim.SimGpu, twins: Twins) -> None:
+    stamps = []
+    for k in range(300):
+        if k == 100:
+            sim_gpu.inject("throttle", gpu=1, reason="sw_thermal", duration_s=3.0)
+        if k == 150:
+            sim_gpu.inject("ecc", gpu=0, corrected=2, uncorrected=1)
+        stamps.append(twins.sample(sim_gpu))
+        sim_gpu.advance(0.07)
+    rng = random.Random(7)
+    py, native = twins.py, twins.native
+    for device in py.devices:
+        assert py.latest(device.uuid) == native.latest(device.uuid)
+        for _ in range(300):
+            a, b = sorted(rng.randrange(stamps[0] - 10**9, stamps[-1] + 10**9) for _ in "ab")
+            assert py.window(device.uuid, a, b) == native.window(device.uuid, a, b)
+    assert py.events(0, 2**62) == native.events(0, 2**62)
+    assert len(py.events(0, 2**62)) >= 2

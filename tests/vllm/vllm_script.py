@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 ENGINE_OFFSET_S = 1_000_000.0
@@ -111,28 +111,28 @@ def import_vllm() -> SimpleNamespace:
         if paused is not None:
             sim.activate(paused.scenario, clock=paused.clock)
 
-    return SimpleNamespace(
-        vllm=vllm,
-        VllmConfig=config.VllmConfig,
-        DeviceConfig=config.DeviceConfig,
-        ParallelConfig=config.ParallelConfig,
-        STAT_LOGGER_PLUGINS_GROUP=plugins.STAT_LOGGER_PLUGINS_GROUP,
-        load_plugins_by_group=plugins.load_plugins_by_group,
-        EngineCoreEvent=engine.EngineCoreEvent,
-        EngineCoreEventType=engine.EngineCoreEventType,
-        EngineCoreOutput=engine.EngineCoreOutput,
-        FinishReason=engine.FinishReason,
-        PerEngineStatLoggerAdapter=loggers.PerEngineStatLoggerAdapter,
-        StatLoggerBase=loggers.StatLoggerBase,
-        load_stat_logger_plugin_factories=loggers.load_stat_logger_plugin_factories,
-        FinishedRequestStats=stats.FinishedRequestStats,
-        IterationStats=stats.IterationStats,
-        LoRARequestStates=stats.LoRARequestStates,
-        PrefillStats=stats.PrefillStats,
-        PrefixCacheStats=stats.PrefixCacheStats,
-        RequestStateStats=stats.RequestStateStats,
-        SchedulerStats=stats.SchedulerStats,
-    )
+    # The names tests use, each taken from its module under its own name.
+    exports: dict[ModuleType, tuple[str, ...]] = {
+        config: ("VllmConfig", "DeviceConfig", "ParallelConfig"),
+        plugins: ("STAT_LOGGER_PLUGINS_GROUP", "load_plugins_by_group"),
+        engine: ("EngineCoreEvent", "EngineCoreEventType", "EngineCoreOutput", "FinishReason"),
+        loggers: (
+            "PerEngineStatLoggerAdapter",
+            "StatLoggerBase",
+            "load_stat_logger_plugin_factories",
+        ),
+        stats: (
+            "FinishedRequestStats",
+            "IterationStats",
+            "LoRARequestStates",
+            "PrefillStats",
+            "PrefixCacheStats",
+            "RequestStateStats",
+            "SchedulerStats",
+        ),
+    }
+    found = {name: getattr(module, name) for module, names in exports.items() for name in names}
+    return SimpleNamespace(vllm=vllm, **found)
 
 
 def vllm_config(v: SimpleNamespace, tp: int = 1, pp: int = 1, dp: int = 1) -> Any:

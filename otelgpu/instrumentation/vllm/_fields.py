@@ -78,12 +78,9 @@ class FieldReader:
 
     def number(self, obj: object, name: str, default: float | None = None) -> float | None:
         """``obj.name`` as a float, or ``default`` (warned once) when absent or not a number."""
-        value = getattr(obj, name, _MISSING)
-        if value is _MISSING:
-            self._warn(obj, name, "is missing")
+        value = self.child(obj, name)
+        if value is None:  # missing (warned), or vLLM's "not measured": not a schema change
             return default
-        if value is None:
-            return default  # vLLM uses None for "not measured"; not a schema change
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         self._warn(obj, name, f"is a {type(value).__name__}, not a number")
@@ -91,11 +88,8 @@ class FieldReader:
 
     def integer(self, obj: object, name: str, default: int = 0) -> int:
         """``obj.name`` as an int, or ``default`` (warned once) when absent or not an int."""
-        value = getattr(obj, name, _MISSING)
-        if value is _MISSING:
-            self._warn(obj, name, "is missing")
-            return default
-        if value is None:
+        value = self.child(obj, name)
+        if value is None:  # missing (warned) or not measured
             return default
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -106,10 +100,7 @@ class FieldReader:
 
     def maybe_integer(self, obj: object, name: str) -> int | None:
         """Like :meth:`integer`, but ``None`` (not a default) when the value is unusable."""
-        value = getattr(obj, name, _MISSING)
-        if value is _MISSING:
-            self._warn(obj, name, "is missing")
-            return None
+        value = self.child(obj, name)  # None when missing (warned) or not measured
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if value is not None:
@@ -118,11 +109,8 @@ class FieldReader:
 
     def sequence(self, obj: object, name: str) -> Sequence[Any]:
         """``obj.name`` as a list/tuple, or ``()`` (warned once) when absent or not a sequence."""
-        value = getattr(obj, name, _MISSING)
-        if value is _MISSING:
-            self._warn(obj, name, "is missing")
-            return ()
-        if value is None:
+        value = self.child(obj, name)
+        if value is None:  # missing (warned) or not measured
             return ()
         if isinstance(value, (list, tuple)):
             return value
@@ -144,10 +132,7 @@ class FieldReader:
         vLLM's ``FinishReason`` is an ``IntEnum`` whose ``str()`` is the lower-case name
         (``stop``, ``length``, ``abort``, ``error``, ``repetition``).
         """
-        value = getattr(obj, name, _MISSING)
-        if value is _MISSING:
-            self._warn(obj, name, "is missing")
-            return default
-        if value is None:
+        value = self.child(obj, name)
+        if value is None:  # missing (warned) or not measured
             return default
         return str(value)

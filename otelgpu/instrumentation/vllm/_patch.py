@@ -18,9 +18,10 @@ call untouched.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
 
@@ -162,13 +163,20 @@ def is_applied(target: tuple[str, str, str]) -> bool:
         return target in _applied
 
 
-def install_trace_context(registry: TraceContextRegistry = REGISTRY) -> None:
-    """Wraps every ``add_request`` (idempotent)."""
-    for target in TRACE_CONTEXT_TARGETS:
+def _wrap_all(
+    targets: Iterable[tuple[str, str, str]], make_wrapper: Callable[[], Callable[..., Any]]
+) -> None:
+    """Wraps each of ``targets`` not wrapped yet with a new ``make_wrapper()`` (idempotent)."""
+    for target in targets:
         with _lock:
             present = target in _wanted
         if not present:
-            wrap(target, add_request(registry))
+            wrap(target, make_wrapper())
+
+
+def install_trace_context(registry: TraceContextRegistry = REGISTRY) -> None:
+    """Wraps every ``add_request`` (idempotent)."""
+    _wrap_all(TRACE_CONTEXT_TARGETS, functools.partial(add_request, registry))
 
 
 def uninstall_trace_context() -> None:
@@ -178,11 +186,7 @@ def uninstall_trace_context() -> None:
 
 def install_offline(resolve: Callable[[], Any]) -> None:
     """Injects the stat logger ``resolve()`` returns into ``LLMEngine`` construction."""
-    for target in OFFLINE_TARGETS:
-        with _lock:
-            present = target in _wanted
-        if not present:
-            wrap(target, llm_engine_factory(resolve))
+    _wrap_all(OFFLINE_TARGETS, functools.partial(llm_engine_factory, resolve))
 
 
 def uninstall_offline() -> None:

@@ -315,6 +315,7 @@ def pause_worker(
         if idle_s:
             gaps[-1] = max(gaps[-1], spin(idle_s))
     dropped = sampled = 0
+    reasons: dict[str, int] = {}
     if handle is not None:
         runtime = handle.runtime
         handle.shutdown()
@@ -322,12 +323,21 @@ def pause_worker(
             counts = runtime.stats.dropped()
             sampled = counts.pop(("traces", "tail_sampled"), 0)
             dropped = sum(counts.values())
+            reasons = {f"{signal} {reason}": n for (signal, reason), n in counts.items() if n}
     return {
         "walls_us": [w * 1e6 for w in walls],
         "gaps_us": [g * 1e6 for g in gaps],
         "dropped": dropped,
+        "dropped_by": reasons,
         "sampled_out": sampled,
     }
+
+
+def _lost(data: dict[str, Any]) -> str:
+    """The dropped count of a pause run, with its reasons when there were any."""
+    by = data.get("dropped_by") or {}
+    detail = ", ".join(f"{k}: {n}" for k, n in sorted(by.items()))
+    return f"{data['dropped']} ({detail})" if detail else str(data["dropped"])
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -498,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"| {scenario} {label} | {exporter} | {len(w)} | {_pct(w, 0.5):.0f} "
                         f"| {_pct(w, 0.99):.0f} | {_pct(w, 0.999):.0f} | {max(w):.0f} "
                         f"| {_pct(g, 0.99):.0f} | {max(g):.0f} | {added[0]} | {added[1]} "
-                        f"| {data['dropped'] if label == 'otelgpu' else ''} "
+                        f"| {_lost(data) if label == 'otelgpu' else ''} "
                         f"| {data['sampled_out'] if label == 'otelgpu' else ''} |"
                     )
                     print(lines[-1], file=sys.stderr)

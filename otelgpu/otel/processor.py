@@ -64,6 +64,11 @@ ENCODED_BATCH = 128
 ENCODE_EVERY_S = 0.05
 #: Queued spans that wake the thread to encode them at once (compact encodings).
 ENCODE_AT = 16
+#: Queued (not yet encoded) spans at which the export thread counts as falling behind,
+#: as a share of the queue's capacity: span ends then hand it the GIL (see ``on_end``).
+BEHIND_SHARE = 8
+#: While behind, one span end in this many hands the GIL to the export thread.
+HAND_OVER_EVERY = 4
 
 
 class _Origin:
@@ -108,6 +113,11 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         #: ``ENCODE_AT`` spans, so a queued span waits for a bounded number of allocations
         #: (young collections), whatever the span rate (module docstring).
         self._wake_at = min(ENCODE_AT, self._batch_size) if self._early else self._batch_size
+        #: Queue length at which span ends hand the export thread the GIL (``on_end``).
+        self._behind_at = max(self._wake_at, max_queue_size // BEHIND_SHARE)
+        self._behind = 0
+        #: How many times a span end handed the GIL to the falling-behind export thread.
+        self.host_hand_overs = 0
         self._delay_s = schedule_delay_s
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._export_lock = threading.Lock()
@@ -143,8 +153,24 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._stats.add_dropped("traces", "queue_full")
             return
         self._queue.append(span)
-        if len(self._queue) >= self._wake_at:
+        queued = len(self._queue)
+        if queued >= self._wake_at:
             self._wake.set()
+            if queued + len(self._ready) >= self._behind_at:
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The export thread is falling behind: hand it the GIL from the ending thread,
+        every ``HAND_OVER_EVERY`` spans while it is. A host that runs Python without pause
+        (and calls nothing that releases the GIL) leaves a waiting thread one turn per
+        switch interval (5 ms), too few to encode hundreds of spans per second; the queue
+        would fill and drop. Here the host waits a short sleep plus one of the export
+        thread's slices (``SLICE_S``), a bounded pause, instead of losing spans."""
+        self._behind += 1
+        if self._behind % HAND_OVER_EVERY:
+            return
+        self.host_hand_overs += 1
+        time.sleep(YIELD_S)
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
@@ -239,14 +265,18 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         return ok
 
     def _encode_queue(self) -> None:
-        """Move every queued span into ``_ready`` as bytes, handing the GIL back every
+        """Move queued spans (a batch at most) into ``_ready`` as bytes, handing the GIL back every
         ``SLICE_S`` (the thread's :func:`slicing.tick` slice, shared with the sends; export
         lock held)."""
         tick = slicing.tick
         exporter: Any = self._exporter
         encode = exporter.encode_span
         queue, ready, origins = self._queue, self._ready, self._origins
-        while queue:
+        # At most a batch per call, so that spans arriving as fast as they are encoded
+        # cannot keep the thread from sending.
+        for _ in range(self._batch_size):
+            if not queue:
+                break
             try:
                 span = queue.popleft()
             except IndexError:

@@ -122,10 +122,11 @@ def test_pipeline_collector_down_then_back(protocol: str) -> None:
         assert processor.queued <= 64  # bounded while the collector is down
     handle.force_flush(timeout_millis=2000)
     dropped = runtime.stats.dropped()
-    assert dropped.get(("traces", "queue_full"), 0) > 0
+    # Every lost span is counted: at the full queue, or at the failed export (a thread
+    # falling behind is handed the GIL by span ends, so it may keep up with the failures).
     assert dropped.get(("traces", "export_failed"), 0) > 0
-    total = dropped[("traces", "queue_full")] + dropped[("traces", "export_failed")]
-    assert total <= 2000
+    total = dropped.get(("traces", "queue_full"), 0) + dropped[("traces", "export_failed")]
+    assert 1900 <= total <= 2000
 
     receiver = OtlpReceiver()
     if protocol == "grpc":
@@ -148,7 +149,8 @@ def test_pipeline_collector_down_then_back(protocol: str) -> None:
         reasons = {
             attributes(p.attributes)["otelgpu.reason"]: p.as_int for p in errors.sum.data_points
         }
-        assert reasons["queue_full"] == dropped[("traces", "queue_full")]
+        assert reasons.get("queue_full", 0) == dropped.get(("traces", "queue_full"), 0)
+        assert reasons["export_failed"] > 0
     finally:
         receiver.stop()
 

@@ -102,3 +102,37 @@ def test_shutdown_counts_encoded_spans_it_could_not_send(tmp_path: Path) -> None
     processor.abandon()
     assert stats.dropped() == {("traces", "shutdown_timeout"): 20}
     assert processor.queued == 0
+
+
+def test_a_host_that_never_releases_the_gil_loses_no_spans(otlp_receiver: Any) -> None:
+    """A host ending spans in a tight pure-Python loop leaves the export thread one turn
+    per switch interval; span ends hand it the GIL while it falls behind, so the queue
+    drains instead of dropping (``processor.HAND_OVER_EVERY``)."""
+    stats = InternalStats()
+    exporter = GuardedSpanExporter(
+        EncodedSpanExporter(_exporter("grpc", otlp_receiver, Path("."))), stats
+    )
+    processor = proc.BoundedBatchSpanProcessor(
+        exporter, stats=stats, schedule_delay_s=0.05, max_queue_size=256, max_export_batch_size=64
+    )
+    tp = TracerProvider(resource=Resource.create({"service.name": "busy"}), shutdown_on_exit=False)
+    tp.add_span_processor(processor)
+    tracer = tp.get_tracer("busy")
+    attributes = {f"otelgpu.gpu.attribute_{k}": float(k) for k in range(16)}
+    total = 3000
+    for _ in range(total):
+        with tracer.start_as_current_span("request", attributes=attributes):
+            end = time.perf_counter() + 20e-6
+            while time.perf_counter() < end:  # the host's own Python work, GIL held
+                pass
+    assert processor.force_flush(30_000)
+    assert stats.dropped() == {}
+    assert processor.host_hand_overs > 0
+    delivered = sum(
+        len(ss.spans)
+        for r in otlp_receiver.requests("traces")
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+    )
+    assert delivered == total
+    tp.shutdown()

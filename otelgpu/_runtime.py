@@ -21,6 +21,7 @@ reported and a non-recording span is returned).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -107,6 +108,7 @@ class Runtime:
         #: Work instrumentors move off the host's loop (spans of finished vLLM requests).
         self.deferred = DeferredWork(self.stats, where="deferred telemetry")
         self.health = HealthMonitor(self.gpu, self.report_error)
+        self.gpu.on_events = functools.partial(self.health.poll_soon, self.deferred)
         work = WorkAccounting(
             self.instrument,
             self.gpu.device_names,

@@ -24,6 +24,9 @@ class GpuContext:
         self._report_error = report_error
         #: (sampler, its constant-size summarizer or None); rebuilt when the sampler changes.
         self._summary: tuple[Any, gpu_summary.GpuSummarizer | None] | None = None
+        #: Called (no arguments, must not block) when a span's window holds health events:
+        #: the runtime has them logged now rather than at the next metric collection.
+        self.on_events: Callable[[], None] | None = None
 
     def device_names(self) -> dict[str, str]:
         """``{uuid: NVML product name}`` of the sampled GPUs ({} without a sampler)."""
@@ -108,7 +111,10 @@ class GpuContext:
         """GPU health events of the window as span events (timestamped when they happened)."""
         if self.sampler is None:
             return
-        for event in self.events(start_ns, end_ns, devices):
+        events = self.events(start_ns, end_ns, devices)
+        if events and self.on_events is not None:
+            self.on_events()
+        for event in events:
             span.add_event(
                 "otelgpu.gpu." + gpu_context.event_kind(event),
                 gpu_context.event_attributes(event),

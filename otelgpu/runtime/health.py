@@ -17,6 +17,7 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otelgpu.otel import gpu_context
+from otelgpu.otel.deferred import DeferredWork
 from otelgpu.runtime.gpu import GpuContext, ReportError
 
 _health_logger = logging.getLogger("otelgpu.health")
@@ -25,6 +26,7 @@ _SEEN_LIMIT = 10_000  # events remembered for de-duplication (bounded memory)
 _OVERLAP_NS = 60_000_000_000  # events may be reported up to a minute after their timestamp
 _LOG_BURST = 5  # log lines per (kind, GPU) per window; the rest are only counted
 _LOG_WINDOW_NS = 60_000_000_000
+_REQUEUE_S = 1.0  # a poll queued by a span and not run after this is queued again
 
 
 class _LogBudget:
@@ -49,6 +51,26 @@ class HealthMonitor:
         self._counts: dict[tuple[str, str], int] = {}
         self._cursor_ns = time.time_ns()
         self._budgets: dict[tuple[str, str], _LogBudget] = {}
+        #: When a poll was queued by :meth:`poll_soon` and has not run yet (monotonic s).
+        self._queued_at: float | None = None
+
+    def poll_soon(self, work: DeferredWork) -> None:
+        """Have ``work``'s thread :meth:`poll` soon (hot path: a clock read; at most one
+        poll queued at a time). Spans call it when their window holds events: those are
+        logged within the deferred thread's interval, not at the next metric collection
+        (which a long export interval, or a host that holds the GIL, can put seconds away).
+        A queued poll that has not run after ``_REQUEUE_S`` (dropped from a full queue) is
+        queued again."""
+        now = time.monotonic()
+        queued = self._queued_at
+        if queued is not None and now - queued < _REQUEUE_S:
+            return
+        self._queued_at = now
+        work.submit(self._queued_poll)
+
+    def _queued_poll(self) -> None:
+        self._queued_at = None
+        self.poll()
 
     def poll(self) -> list[Any]:
         """New GPU health events since the last poll: logged once each and counted."""
@@ -151,5 +173,7 @@ class HealthMonitor:
         ]
 
     def after_fork_in_child(self) -> None:
-        """Replace the lock (never acquire it inside ``fork()``)."""
+        """Replace the lock (never acquire it inside ``fork()``); the child's deferred
+        queue starts empty, so no poll is queued."""
         self._lock = threading.Lock()
+        self._queued_at = None

@@ -10,10 +10,13 @@ the simulated GPU.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures.otel import python_env
@@ -128,3 +131,42 @@ def test_pipeline_spans_carry_simulated_gpu_context(otlp_receiver: OtlpReceiver)
         attributes(p.attributes)["otelgpu.gpu.event"]: p.as_int for p in health.sum.data_points
     }
     assert points == {"xid": 1}
+
+
+def test_health_event_seen_by_a_span_is_logged_before_any_collection(
+    sim_scenario: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A span whose window holds a health event has it logged within the deferred
+    thread's interval: no metric collection is needed (none happens here, there is no
+    metric reader), so a long export interval or a host holding the GIL cannot delay it."""
+    from fixtures.sim import SMALL_SCENARIO
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import otelgpu
+
+    gpu = sim_scenario(SMALL_SCENARIO, clock="wall")
+    handle = otelgpu.instrument(exporters="none", frameworks="none", sample_interval_ms=20)
+    try:
+        runtime = handle.runtime
+        assert runtime is not None and runtime.pipeline is not None
+        exporter = InMemorySpanExporter()
+        runtime.pipeline.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[attr-defined]
+        uuid = runtime.sampler.devices[1].uuid
+        time.sleep(0.2)
+        with caplog.at_level(logging.WARNING, logger="otelgpu.health"):
+            with otelgpu.step(samples=1):
+                gpu.inject("ecc", gpu=1, uncorrected=2)
+                time.sleep(0.1)
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and not caplog.records:
+                time.sleep(0.01)
+        (span,) = exporter.get_finished_spans()
+        assert [e.name for e in span.events] == ["otelgpu.gpu.ecc_uncorrected"]
+        (record,) = [r for r in caplog.records if r.name == "otelgpu.health"]
+        assert record.getMessage().startswith(
+            f"otelgpu: GPU health event ecc_uncorrected on {uuid}: 2 new uncorrected"
+        )
+        assert runtime.health_counts() == {("ecc_uncorrected", uuid): 1}
+    finally:
+        handle.shutdown()

@@ -115,7 +115,15 @@ class Runtime:
             peak_flops=settings.peak_flops,
             dtype=settings.mfu_dtype,
         )
-        parts = Parts(self.tracer, self.instrument, self.gpu, self.stats, work)
+        own_spans = pipeline is not None and pipeline.tracer_provider is tracer_provider
+        parts = Parts(
+            self.tracer,
+            self.instrument,
+            self.gpu,
+            self.stats,
+            work,
+            step_sampler=pipeline.step_sampler if own_spans and pipeline is not None else None,
+        )
         self.steps = StepRecorder(parts)
         self.requests = RequestRecorder(
             parts, attribute_value_length_limit=settings.attribute_value_length_limit

@@ -95,9 +95,12 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         schedule_delay_s: float = 5.0,
         shutdown_timeout_s: float = 10.0,
         step_spans_per_second: float = 0.0,
+        step_sampler: StepSpanSampler | None = None,
     ) -> None:
         self._exporter = exporter
-        self._sampler = StepSpanSampler(step_spans_per_second)
+        #: Tail-keeping sampling of step spans; ``step_sampler`` is the pipeline's shared
+        #: one (the step recorder decides with it), else one of this processor's own.
+        self._sampler = step_sampler or StepSpanSampler(step_spans_per_second)
         self._encoded = bool(getattr(exporter, "accepts_encoded", False))
         #: Encode early (module docstring): only when the encoding is bytes.
         self._early = self._encoded and bool(getattr(exporter, "compact_encoding", False))
@@ -138,6 +141,11 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._ready = []
         self._stopped = True
         self._export_lock = threading.Lock()
+
+    @property
+    def step_sampler(self) -> StepSpanSampler:
+        """The tail-keeping sampler of step spans this processor follows."""
+        return self._sampler
 
     # ------------------------------------------------------------------ hot path
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:

@@ -58,6 +58,7 @@ from otelgpu.otel.recording import (
     recording_directory,
 )
 from otelgpu.otel.stats import InternalStats
+from otelgpu.otel.tail_sampling import StepSpanSampler
 
 _logger = logging.getLogger("otelgpu")
 _announced = False
@@ -139,6 +140,9 @@ class Pipeline:
     #: Bound of :meth:`shutdown` in seconds (setting ``shutdown_timeout_ms``).
     shutdown_timeout_s: float = 3.0
     span_processors: list[BoundedBatchSpanProcessor] = field(default_factory=list)
+    #: The tail-keeping sampler of step spans shared by :attr:`span_processors` (``None``
+    #: without them): the step recorder decides with it before building a span.
+    step_sampler: StepSpanSampler | None = None
     guarded_exporters: list[ex.GuardedSpanExporter | ex.GuardedMetricExporter] = field(
         default_factory=list
     )
@@ -402,6 +406,7 @@ def build_pipeline(
                 ),
             )
             built.append(sdk_tp)
+            step_sampler = StepSpanSampler(settings.step_spans_per_second)
             for exporter in _span_exporters(settings, recording):
                 guarded_span = ex.GuardedSpanExporter(exporter, stats)
                 processor = BoundedBatchSpanProcessor(
@@ -411,7 +416,7 @@ def build_pipeline(
                     max_export_batch_size=settings.span_export_batch_size,
                     schedule_delay_s=settings.span_schedule_delay_ms / 1000,
                     shutdown_timeout_s=settings.shutdown_timeout_ms / 1000,
-                    step_spans_per_second=settings.step_spans_per_second,
+                    step_sampler=step_sampler,
                 )
                 sdk_tp.add_span_processor(processor)
                 guarded.append(guarded_span)
@@ -482,6 +487,7 @@ def build_pipeline(
         stats=stats,
         shutdown_timeout_s=settings.shutdown_timeout_ms / 1000,
         span_processors=processors,
+        step_sampler=processors[0].step_sampler if processors else None,
         guarded_exporters=guarded,
         **pipeline_kwargs,
     )

@@ -4,8 +4,10 @@ Each line is one ``ExportTraceServiceRequest``, ``ExportMetricsServiceRequest`` 
 ``ExportLogsServiceRequest`` in OTLP/JSON (lowerCamelCase keys, enums as integers,
 64-bit integers as strings, trace and span ids as hex). Any OTLP tool that reads the
 collector's ``file`` exporter output (e.g. the collector's ``otlpjsonfile`` receiver)
-reads it. Encoding uses ``opentelemetry-exporter-otlp-proto-common``'s encoders and
-protobuf's ``json_format``; nothing is encoded by hand.
+reads it. Spans and metrics are written straight from the SDK's data
+(``otelgpu.otel.span_json``, ``otelgpu.otel.metric_json``), logs by
+``opentelemetry-exporter-otlp-proto-common``'s encoder and protobuf's ``json_format``;
+tests hold the first two to the latter's output, character for character.
 
 The file is size-bounded: when a line would take it past ``max_bytes`` it is rotated to
 ``<path>.1`` (``.1`` → ``.2`` …, keeping ``backups`` old files). Writers share one
@@ -43,9 +45,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otelgpu.otel.metric_encoding import encode_metrics_sliced
+from otelgpu.otel.metric_json import metrics_line
 from otelgpu.otel.otlp_ids import ids_to_hex
-from otelgpu.otel.slicing import Slicer
 
 _log = logging.getLogger("otelgpu")
 
@@ -173,88 +174,12 @@ def to_json_line(message: Message) -> str:
     return json.dumps(ids_to_hex(as_dict), separators=(",", ":"))
 
 
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def _message_text(message: Any) -> str:
-    """One message as OTLP/JSON text: protobuf's JSON, ids in hex, compact."""
-    return _dumps(ids_to_hex(json_format.MessageToDict(message, use_integers_for_enums=True)))
-
-
-def _object_text(head: dict[str, Any], key: str, items: list[str], *, first: bool = False) -> str:
-    """The JSON object ``head`` plus ``key``: the already-encoded ``items``, where
-    protobuf's printer puts it: first (``dataPoints``, field 1 of every kind of metric
-    data) or after everything but ``schemaUrl`` (the resource and scope containers:
-    resource or scope 1, the list 2, ``schemaUrl`` 3)."""
-    listed = f"{_dumps(key)}:[{','.join(items)}]"
-    parts = [f"{_dumps(k)}:{_dumps(v)}" for k, v in ids_to_hex(head).items() if k != "schemaUrl"]
-    parts.insert(0 if first else len(parts), listed)
-    if "schemaUrl" in head:
-        parts.append(f'"schemaUrl":{_dumps(head["schemaUrl"])}')
-    return "{" + ",".join(parts) + "}"
-
-
-def _bare(message: Any, field: str) -> Any:
-    """A copy of ``message`` without its repeated ``field``."""
-    bare = type(message)()
-    bare.CopyFrom(message)
-    del getattr(bare, field)[:]
-    return bare
-
-
-def _metric_text(metric: Any, slicer: Slicer) -> str:
-    """:func:`_message_text` of ``metric``, one data point at a time (``slicer`` ticks
-    before each): a metric over eight GPUs has dozens of points, a sketch's point hundreds
-    of buckets, and protobuf's JSON printer walks every field in Python. Same text
-    (``data_points`` is field 1 of every kind of metric data)."""
-    kind = metric.WhichOneof("data")
-    if kind is None:
-        return _message_text(metric)
-    points = []
-    for point in getattr(metric, kind).data_points:
-        slicer.tick()
-        points.append(_message_text(point))
-    slicer.tick()
-    bare = type(metric)()
-    bare.CopyFrom(metric)
-    del getattr(bare, kind).data_points[:]
-    head = ids_to_hex(json_format.MessageToDict(bare, use_integers_for_enums=True))
-    json_kind = metric.DESCRIPTOR.fields_by_name[kind].json_name  # exponentialHistogram...
-    data = head.get(json_kind, {})
-    data_text = _object_text(data, "dataPoints", points, first=True) if points else _dumps(data)
-    parts = [f"{_dumps(k)}:{_dumps(v)}" for k, v in head.items() if k != json_kind]
-    # The data oneof (fields 5-11) comes after name, description and unit (1-3) and
-    # before metadata (12).
-    at = sum(1 for k in head if k in ("name", "description", "unit"))
-    parts.insert(at, f"{_dumps(json_kind)}:{data_text}")
-    return "{" + ",".join(parts) + "}"
-
-
 def metrics_json_line(metrics_data: MetricsData) -> str:
-    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, built one data point at a
-    time with the GIL handed back once a slice is used (``otelgpu.otel.slicing``):
-    protobuf's JSON printer walks every field in Python (tens of ms for a collection over 8
-    GPUs), which would stall the application's threads for that long in one piece; so the
-    text of each point is made (ids in hex, compact) and the line spliced from those texts,
-    never re-encoded whole. The request is encoded in slices too
-    (``otelgpu.otel.metric_encoding``). The same line, character for character."""
-    slicer = Slicer()
-    request = encode_metrics_sliced(metrics_data, slicer)
-    resources = []
-    for rm in request.resource_metrics:
-        scopes = []
-        for sm in rm.scope_metrics:
-            metrics = [_metric_text(metric, slicer) for metric in sm.metrics]
-            if metrics:
-                head = json_format.MessageToDict(_bare(sm, "metrics"), use_integers_for_enums=True)
-                scopes.append(_object_text(head, "metrics", metrics))
-        if scopes:
-            slicer.tick()
-            head = json_format.MessageToDict(
-                _bare(rm, "scope_metrics"), use_integers_for_enums=True
-            )
-            resources.append(_object_text(head, "scopeMetrics", scopes))
-    return '{"resourceMetrics":[' + ",".join(resources) + "]}" if resources else "{}"
+    """:func:`to_json_line` of ``encode_metrics(metrics_data)``, the same line character for
+    character, written straight from the SDK's data one data point at a time with the GIL
+    handed back once a slice is used (``otelgpu.otel.metric_json``): protobuf's JSON
+    printer walks every field in Python, 30-40 ms for a collection over two GPUs."""
+    return metrics_line(metrics_data)
 
 
 def read_recording(path: str | os.PathLike[str]) -> Iterator[Message]:

@@ -54,7 +54,9 @@ def _value(value: Any) -> dict[str, Any]:
 _INF = float("inf")
 
 
-def _attributes(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def attributes_json(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """OTLP/JSON ``KeyValue`` list of ``attributes``; values the SDK's encoder drops are
+    dropped (shared with ``otelgpu.otel.metric_json``)."""
     out: list[dict[str, Any]] = []
     if attributes:
         append = out.append
@@ -78,7 +80,7 @@ def _put_attributes(
     out: dict[str, Any], attributes: Mapping[str, Any] | None, dropped: int
 ) -> None:
     """``attributes`` and ``droppedAttributesCount`` of ``out``, each only when not empty."""
-    encoded = _attributes(attributes)
+    encoded = attributes_json(attributes)
     if encoded:
         out["attributes"] = encoded
     if dropped:
@@ -148,7 +150,8 @@ def span_dict(span: Any) -> dict[str, Any]:
     return out
 
 
-def _scope(scope: Any) -> dict[str, Any]:
+def scope_json(scope: Any) -> dict[str, Any]:
+    """OTLP/JSON ``InstrumentationScope`` of an SDK scope (``{}`` for ``None``)."""
     if scope is None:
         return {}
     out: dict[str, Any] = {}
@@ -156,7 +159,7 @@ def _scope(scope: Any) -> dict[str, Any]:
         out["name"] = scope.name
     if scope.version:
         out["version"] = scope.version
-    attributes = _attributes(scope.attributes)
+    attributes = attributes_json(scope.attributes)
     if attributes:
         out["attributes"] = attributes
     return out
@@ -168,12 +171,12 @@ def request_line(pairs: Sequence[tuple[Any, dict[str, Any]]]) -> str:
     for resource, scopes in span_encoding.group(pairs):
         scope_spans = []
         for scope, spans in scopes.items():
-            ss: dict[str, Any] = {"scope": _scope(scope), "spans": spans}
+            ss: dict[str, Any] = {"scope": scope_json(scope), "spans": spans}
             if scope is not None and scope.schema_url:
                 ss["schemaUrl"] = scope.schema_url
             scope_spans.append(ss)
         res: dict[str, Any] = {}
-        ra = _attributes(resource.attributes)
+        ra = attributes_json(resource.attributes)
         if ra:
             res["attributes"] = ra
         rs: dict[str, Any] = {"resource": res, "scopeSpans": scope_spans}
@@ -199,12 +202,12 @@ def request_line_text(pairs: Sequence[tuple[Any, str]]) -> str:
     for resource, scopes in span_encoding.group(pairs):
         scope_spans = []
         for scope, texts in scopes.items():
-            part = '{"scope":' + _dumps(_scope(scope)) + ',"spans":[' + ",".join(texts) + "]"
+            part = '{"scope":' + _dumps(scope_json(scope)) + ',"spans":[' + ",".join(texts) + "]"
             if scope is not None and scope.schema_url:
                 part += ',"schemaUrl":' + _dumps(scope.schema_url)
             scope_spans.append(part + "}")
         res: dict[str, Any] = {}
-        ra = _attributes(resource.attributes)
+        ra = attributes_json(resource.attributes)
         if ra:
             res["attributes"] = ra
         part = '{"resource":' + _dumps(res) + ',"scopeSpans":[' + ",".join(scope_spans) + "]"

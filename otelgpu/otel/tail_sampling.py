@@ -16,12 +16,19 @@ Only spans named ``otelgpu.train.step`` are sampled (requests and everything els
 Metrics are recorded before any of this and stay exact. A sampled-out span is counted in
 ``otelgpu.internal.dropped`` with reason ``tail_sampled``. Thread-safe (one short lock);
 ``per_second = 0`` keeps every span.
+
+One sampler serves a pipeline (all its span processors): the step recorder decides
+*before* it builds a step span's attributes (:meth:`StepSpanSampler.decide`; a step
+recorded after the fact is then not even created), and hands the decision to the
+processors (:meth:`StepSpanSampler.decided`), which decide themselves only for step
+spans nobody decided upstream (:meth:`StepSpanSampler.keep`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.trace import StatusCode
@@ -34,6 +41,14 @@ _SLOW_FACTOR = 2.0
 _ALPHA = 0.01  # EWMA weight: about the last 100 steps
 
 
+_DECIDED_LIMIT = 4096  # upstream decisions waiting for their span's end (bounded)
+
+
+def flagged(attributes: Mapping[str, Any] | None) -> bool:
+    """Whether span ``attributes`` carry a GPU health flag (such a step is always kept)."""
+    return bool(attributes) and any(key in attributes for key in _HEALTH)  # type: ignore[operator]
+
+
 class StepSpanSampler:
     """Decides which finished step spans are exported (see the module docstring)."""
 
@@ -43,29 +58,60 @@ class StepSpanSampler:
         self._last = time.monotonic()
         self._mean_ns = 0.0
         self._lock = threading.Lock()
+        #: span id -> the upstream decision, until the span ends (``decided``/``keep``).
+        self._decided: dict[int, bool] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether it samples at all (``per_second > 0``)."""
+        return self.per_second > 0
+
+    def decide(self, duration_ns: int, important: bool) -> bool:
+        """Whether to keep a step of ``duration_ns`` (the budget, a slow step, or
+        ``important``: failed, with GPU health events or flags). Updates the running mean
+        and the budget: call it once per step. Thread-safe."""
+        if self.per_second <= 0:
+            return True
+        with self._lock:
+            mean = self._mean_ns
+            self._mean_ns = duration_ns if not mean else mean + _ALPHA * (duration_ns - mean)
+            now = time.monotonic()
+            self._tokens = min(self.per_second, self._tokens + (now - self._last) * self.per_second)
+            self._last = now
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return True
+        if mean and duration_ns > _SLOW_FACTOR * mean:
+            return True
+        return important
+
+    def decided(self, span_id: int, keep: bool) -> None:
+        """Record the upstream decision on a live step span just before it ends: every
+        processor follows it instead of deciding again. :meth:`forget` it once the span
+        ended (the processors see a span during its ``end()``). Bounded: past
+        ``_DECIDED_LIMIT`` decisions never forgotten, all are."""
+        decisions = self._decided
+        if len(decisions) >= _DECIDED_LIMIT:
+            decisions.clear()
+        decisions[span_id] = keep
+
+    def forget(self, span_id: int) -> None:
+        """Drop the upstream decision on a span that has ended."""
+        self._decided.pop(span_id, None)
 
     def keep(self, span: Any) -> bool:
         """Whether to export ``span`` (an SDK ``ReadableSpan``). Never raises."""
         if self.per_second <= 0 or span.name != STEP_SPAN:
             return True
         try:
-            duration = (span.end_time or 0) - (span.start_time or 0)
-            with self._lock:
-                mean = self._mean_ns
-                self._mean_ns = duration if not mean else mean + _ALPHA * (duration - mean)
-                now = time.monotonic()
-                self._tokens = min(
-                    self.per_second, self._tokens + (now - self._last) * self.per_second
-                )
-                self._last = now
-                if self._tokens >= 1.0:
-                    self._tokens -= 1.0
-                    return True
-            if mean and duration > _SLOW_FACTOR * mean:
-                return True
-            if span.events or span.status.status_code is StatusCode.ERROR:
-                return True
-            attributes = span.attributes
-            return any(key in attributes for key in _HEALTH)
+            upstream = self._decided.get(span.context.span_id)
+            if upstream is not None:
+                return upstream
+            important = (
+                bool(span.events)
+                or span.status.status_code is StatusCode.ERROR
+                or flagged(span.attributes)
+            )
+            return self.decide((span.end_time or 0) - (span.start_time or 0), important)
         except Exception:  # noqa: BLE001 - when in doubt, export
             return True

@@ -106,12 +106,19 @@ class GpuContext:
         return events
 
     def add_events(
-        self, span: Span, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+        self,
+        span: Span,
+        start_ns: int,
+        end_ns: int,
+        devices: Sequence[str] | None = None,
+        events: Sequence[Any] | None = None,
     ) -> None:
-        """GPU health events of the window as span events (timestamped when they happened)."""
+        """GPU health events of the window (``events``: those :meth:`events` returned for
+        it, when already read) as span events, timestamped when they happened."""
         if self.sampler is None:
             return
-        events = self.events(start_ns, end_ns, devices)
+        if events is None:
+            events = self.events(start_ns, end_ns, devices)
         if events and self.on_events is not None:
             self.on_events()
         for event in events:

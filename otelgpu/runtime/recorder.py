@@ -20,6 +20,7 @@ from opentelemetry.trace import Span
 from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.stats import InternalStats
+from otelgpu.otel.tail_sampling import StepSpanSampler
 from otelgpu.runtime.gpu import GpuContext
 
 __all__ = ["Parts", "Recorder", "seen_by_processors"]
@@ -51,6 +52,8 @@ class Parts:
         gpu: the GPU context added to spans.
         stats: where our own errors are counted.
         work: GPU work accounting (``otelgpu.gpu.work``, MFU).
+        step_sampler: the pipeline's tail-keeping sampler of step spans, when it samples
+            (the step recorder decides with it before building a span).
     """
 
     tracer: trace.Tracer
@@ -58,6 +61,7 @@ class Parts:
     gpu: GpuContext
     stats: InternalStats
     work: WorkAccounting
+    step_sampler: StepSpanSampler | None = None
 
 
 class Recorder(abc.ABC, Generic[R]):
@@ -88,10 +92,12 @@ class Recorder(abc.ABC, Generic[R]):
         context: Mapping[str, Any],
         work: Mapping[str, Any],
         window: tuple[int, int, Sequence[str] | None],
+        events: Sequence[Any] | None = None,
     ) -> None:
         """Sets a recording span's attributes -- the record's ``own``, then the caller's
         ``attributes``, the GPU ``context`` and ``work`` (later ones win) -- and adds the
-        GPU health events of ``window`` (start ns, end ns, devices) when GPUs are sampled."""
+        GPU health events of ``window`` (start ns, end ns, devices) when GPUs are sampled
+        (``events``: those already read for the window)."""
         if attributes:
             own.update(attributes)
         own.update(context)
@@ -99,7 +105,7 @@ class Recorder(abc.ABC, Generic[R]):
         span.set_attributes(own)
         gpu = self._gpu
         if gpu.sampler is not None:
-            gpu.add_events(span, *window)
+            gpu.add_events(span, *window, events=events)
 
     def record(self, record: R) -> Span:
         """Span and metrics of a finished record; returns the (ended) span. Never raises."""

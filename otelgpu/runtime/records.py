@@ -39,6 +39,8 @@ class StepRecord:
         name: span name.
         context: parent context of the span.
         failed: the exception that ended the step, if any (span status ERROR).
+        events: span events of the step, ``(name, time ns, attributes)``; a step with
+            events is always exported (tail-keeping sampling).
     """
 
     start_ns: int
@@ -53,6 +55,7 @@ class StepRecord:
     flops: float | None = None
     context: Context | None = None
     failed: BaseException | None = None
+    events: Sequence[tuple[str, int, Mapping[str, Any]]] = ()
 
 
 @dataclass(slots=True)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
 
 from otelgpu import _values
 from otelgpu.metrics import catalog
+from otelgpu.otel.tail_sampling import flagged
 from otelgpu.runtime.recorder import Parts, Recorder, seen_by_processors
 from otelgpu.runtime.records import StepRecord
 
@@ -42,6 +43,8 @@ class StepRecorder(Recorder[StepRecord]):
 
     def __init__(self, parts: Parts) -> None:
         super().__init__(parts)
+        sampler = parts.step_sampler
+        self._sampler = sampler if sampler is not None and sampler.active else None
         instrument = parts.instrument
         self._numbers = itertools.count(1)
         self.duration = instrument(catalog.TRAIN_STEP_DURATION)
@@ -66,9 +69,27 @@ class StepRecorder(Recorder[StepRecord]):
         """Attributes, GPU context, metrics, then end ``span`` at ``record.end_ns``.
 
         Never raises. Out-of-range ``step``, ``samples`` or ``tokens`` are dropped and
-        counted (``otelgpu._values``), never exported.
+        counted (``otelgpu._values``), never exported. With tail-keeping sampling, a span
+        sampled out gets no attributes (its processors drop it).
         """
+        self._finish(span, record)
+
+    def record(self, record: StepRecord) -> Span:
+        """Span and metrics of a finished step; returns the (ended) span. Never raises.
+
+        With tail-keeping sampling the step is decided first, and a step sampled out gets
+        no span at all (returned: a non-recording span), only its metrics."""
+        if self._sampler is None or (record.name or catalog.STEP_SPAN) != catalog.STEP_SPAN:
+            return super().record(record)
+        return self._finish(None, record)
+
+    def _finish(self, span: Span | None, record: StepRecord) -> Span:
+        """:meth:`finish` of a live ``span``, or of a step recorded after the fact
+        (``span=None``: the span is started here if the step is kept)."""
         start_ns, end_ns = record.start_ns, record.end_ns
+        sampler = self._sampler
+        decided: int | None = None  # span id whose upstream decision the processors follow
+        sampled_out = False
         try:
             stats = self._stats
             samples = _values.count(record.samples, "samples", stats)
@@ -84,10 +105,29 @@ class StepRecorder(Recorder[StepRecord]):
             # MFU and energy per unit of work (otelgpu.gpu_truth.work) read the GPU
             # context even for an unsampled span: their sketches cover every step.
             gpu = self._gpu
-            context = gpu.attributes(start_ns, end_ns, devices) if gpu.sampler is not None else {}
-            # A span nobody sees (dropped by the OTel sampler, or a provider without span
-            # processor, e.g. Prometheus only) gets no attribute dict built.
-            recording = seen_by_processors(span)
+            sampled_gpu = gpu.sampler is not None
+            context = gpu.attributes(start_ns, end_ns, devices) if sampled_gpu else {}
+            events = gpu.events(start_ns, end_ns, devices) if sampled_gpu else []
+            if sampler is not None and (
+                span is None or (span.is_recording() and self._is_step(span))
+            ):
+                keep = sampler.decide(
+                    end_ns - start_ns, self._important(record, context, events, span)
+                )
+                if span is None:  # after the fact: only a kept step gets a span
+                    span = self._start(record) if keep else INVALID_SPAN
+                    if not keep:
+                        stats.add_dropped("traces", "tail_sampled")
+                # the processors follow this decision (a dropped live span: they drop it)
+                decided = span.get_span_context().span_id
+                sampler.decided(decided, keep)
+                sampled_out = not keep  # build nothing for a span the processors drop
+            elif span is None:
+                span = self._start(record)
+            # A span nobody sees (dropped by the OTel sampler or by tail-keeping sampling,
+            # or a provider without span processor, e.g. Prometheus only) gets no
+            # attribute dict built.
+            recording = not sampled_out and seen_by_processors(span)
             work = self._work.step(
                 span if recording else None,
                 context,
@@ -99,7 +139,11 @@ class StepRecorder(Recorder[StepRecord]):
             )
             if recording:
                 attrs = step_attributes(duration_s, step, samples, tokens)
-                self._annotate(span, attrs, attributes, context, work, (start_ns, end_ns, devices))
+                self._annotate(
+                    span, attrs, attributes, context, work, (start_ns, end_ns, devices), events
+                )
+                for name, t_ns, event_attributes in record.events:
+                    span.add_event(name, event_attributes, timestamp=t_ns)
                 failed = record.failed
                 if failed is not None:
                     span.record_exception(failed)
@@ -115,4 +159,37 @@ class StepRecorder(Recorder[StepRecord]):
         except Exception as exc:  # noqa: BLE001 - hot path
             self._stats.report_error("step", exc)
         finally:
-            span.end(end_time=end_ns)
+            if span is not None:
+                span.end(end_time=end_ns)
+            if decided is not None and sampler is not None:
+                sampler.forget(decided)
+        return span if span is not None else INVALID_SPAN
+
+    def _start(self, record: StepRecord) -> Span:
+        try:
+            return self.start_span(record)
+        except Exception as exc:  # noqa: BLE001 - hot path
+            self._stats.report_error(self.where, exc)
+            return INVALID_SPAN
+
+    @staticmethod
+    def _is_step(span: Span) -> bool:
+        return getattr(span, "name", catalog.STEP_SPAN) == catalog.STEP_SPAN
+
+    @staticmethod
+    def _important(
+        record: StepRecord, context: dict[str, Any], events: list[Any], span: Span | None
+    ) -> bool:
+        """Whether the step is always kept: it failed, or has events (GPU health events of
+        its window, the record's, the live span's) or GPU health flags, or the live span's
+        status is ERROR."""
+        if record.failed is not None or events or record.events:
+            return True
+        if flagged(context) or flagged(record.span_attributes) or flagged(record.attributes):
+            return True
+        if span is None:
+            return False
+        status = getattr(span, "status", None)
+        return bool(getattr(span, "events", None)) or (
+            status is not None and status.status_code is StatusCode.ERROR
+        )

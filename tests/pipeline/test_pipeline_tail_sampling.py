@@ -5,13 +5,16 @@ exported, metrics exact, the SDK's sampler and resource settings still in force.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.otlp_receiver import OtlpReceiver, attributes
+from opentelemetry.sdk.trace import SpanProcessor
 
 import otelgpu
 from otelgpu.metrics import catalog as names
+from otelgpu.otel.recording_reader import read_recording
 from otelgpu.runtime.records import StepRecord
 
 pytestmark = pytest.mark.usefixtures("reset_otel_globals")
@@ -115,3 +118,68 @@ def test_pipeline_sdk_sampler_and_resource_still_apply(
     resource = rows[0][0]
     assert resource["deployment.environment"] == "bench" and resource["team"] == "ml"
     handle.shutdown()
+
+
+class _Started(SpanProcessor):
+    """Counts the step spans started and ended on the provider (an application's own
+    processor next to otelgpu's), with the attribute count of each ended one."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.ended: list[int] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.started += span.name == names.STEP_SPAN
+
+    def on_end(self, span: Any) -> None:
+        if span.name == names.STEP_SPAN:
+            self.ended.append(len(span.attributes or {}))
+
+
+def test_pipeline_sampled_out_steps_cost_no_span(receiver: Any, tmp_path: Path) -> None:
+    """Tail-keeping sampling decides before the span is built: a step recorded after the
+    fact and sampled out is never started, a live one sampled out gets no attributes;
+    both exporters (OTLP and the local recording) get the same steps, each decided once."""
+    handle = _instrument(
+        receiver,
+        gpu=False,
+        step_spans_per_second=20,
+        exporters="otlp,recording",
+        recording_dir=str(tmp_path),
+    )
+    runtime = handle.runtime
+    seen = _Started()
+    runtime.pipeline.tracer_provider.add_span_processor(seen)
+    n = 2000
+    t0 = time.time_ns()
+    for i in range(n):
+        start = t0 + i * 1_000_000
+        runtime.record_step(StepRecord(start, start + 100_000, step=i + 1))
+    recorded = seen.started
+    for i in range(n):
+        with otelgpu.step(step=n + 1 + i):
+            pass
+    handle.force_flush()
+    handle.shutdown()
+
+    otlp = {attributes(s.attributes)["otelgpu.train.step"] for s in _step_spans(receiver)}
+    recording = {
+        next(kv.value.int_value for kv in span.attributes if kv.key == "otelgpu.train.step")
+        for message in read_recording(handle.recording_path)
+        for rs in getattr(message, "resource_spans", ())
+        for ss in rs.scope_spans
+        for span in ss.spans
+        if span.name == names.STEP_SPAN
+    }
+    assert otlp == recording  # one decision per step, followed by every processor
+    after_the_fact = {s for s in otlp if s <= n}
+    assert 0 < len(after_the_fact) < n // 5
+    assert recorded == len(after_the_fact)  # the others were never started
+    assert seen.started == recorded + n  # live spans start before their step is known
+    live_kept = len(otlp) - len(after_the_fact)
+    assert 0 < live_kept < n // 5
+    bare = [k for k in seen.ended[recorded:] if k == 0]
+    assert len(bare) == n - live_kept  # sampled out: nothing was built for them
+    sampled_out = runtime.stats.dropped().get(("traces", "tail_sampled"), 0)
+    # counted once per step not started, once per processor for a live span dropped
+    assert sampled_out == (n - len(after_the_fact)) + 2 * (n - live_kept)

@@ -339,15 +339,12 @@ class Telemetry:
             devices=self._step_devices(rt, record.step),
             # the configured figure wins; else what the FLOP counter measured for the step
             flops=self.flops_per_step if self.flops_per_step is not None else record.flops,
+            events=events,
         )
-        if sampled:
-            span = rt.start_step_span(step)
-            if events and span.is_recording():
-                for name, t_ns, attrs in events:
-                    span.add_event(name, attrs, timestamp=t_ns)  # type: ignore[arg-type]
+        if sampled:  # with tail-keeping sampling, a step sampled out gets no span at all
+            rt.record_step(step)
         else:
-            span = INVALID_SPAN
-        rt.finish_step(span, step)
+            rt.finish_step(INVALID_SPAN, step)
 
     def _step_devices(self, rt: Any, step: int) -> list[str] | None:
         """GPUs the step's GPU context covers (``step_devices``; None: every sampled GPU)."""

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # this checkout's otelgpu (built in place), not whichever one the environment installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_torch import _epoch, _runtime, _setup
+from bench_torch import _epoch, _runtime, _setup, loop_parser
 
 RESULTS = Path(__file__).resolve().parent / "results" / "diagnosis.md"
 TARGET = 0.005
@@ -260,7 +260,7 @@ TRACEML_CHILD = r"""
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-from bench_torch import _epoch, _setup
+from bench_torch import _epoch, _setup, train_step
 torch.set_num_threads(1)
 reps, steps, hidden, batch, port, logs = (int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
                                           int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
@@ -279,10 +279,7 @@ def traced():
     t0 = clock()
     for x, y in loader:
         with traceml.trace_step(model):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            train_step(model, opt, x, y)
         t1 = clock()
         out.append(t1 - t0)
         t0 = t1
@@ -440,11 +437,7 @@ def _callgrind(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=30, help="repetitions per mode")
-    parser.add_argument("--steps", type=int, default=100, help="steps per repetition")
-    parser.add_argument("--hidden", type=int, default=384)
-    parser.add_argument("--batch", type=int, default=128)
+    parser = loop_parser(__doc__, reps=30, steps=100)
     parser.add_argument(
         "--callgrind-steps",
         type=int,

@@ -92,6 +92,27 @@ def _setup(hidden: int, batch: int, steps: int) -> tuple[Any, Any, Any]:
     return model, opt, loader
 
 
+def loop_parser(doc: str, reps: int, steps: int) -> argparse.ArgumentParser:
+    """The argument parser of a torch benchmark (described by the first line of its ``doc``)
+    with the options of the training loop it times: ``--reps`` repetitions per mode of
+    ``--steps`` steps, the MLP's ``--hidden`` width and its ``--batch`` size."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=reps, help="repetitions per mode")
+    parser.add_argument("--steps", type=int, default=steps, help="steps per repetition")
+    parser.add_argument("--hidden", type=int, default=384)
+    parser.add_argument("--batch", type=int, default=128)
+    return parser
+
+
+def train_step(model: Any, opt: Any, x: Any, y: Any) -> None:
+    """One optimizer step of the loop every torch benchmark times (forward, loss, backward,
+    AdamW step, gradients dropped)."""
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def _epoch(model: Any, opt: Any, loader: Any, settle: int = 0) -> tuple[list[float], float]:
     """Seconds of each step (batch fetch to the end of ``zero_grad``) over one pass, and
     the process CPU time (all threads) from the end of step ``settle`` to the end."""
@@ -100,10 +121,7 @@ def _epoch(model: Any, opt: Any, loader: Any, settle: int = 0) -> tuple[list[flo
     cpu0 = time.process_time()
     t0 = clock()
     for x, y in loader:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, x, y)
         t1 = clock()
         out.append(t1 - t0)
         if len(out) == settle:
@@ -163,11 +181,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=40, help="repetitions per mode")
-    parser.add_argument("--steps", type=int, default=40, help="steps per repetition")
-    parser.add_argument("--hidden", type=int, default=384)
-    parser.add_argument("--batch", type=int, default=128)
+    parser = loop_parser(__doc__, reps=40, steps=40)
     parser.add_argument(
         "--settle",
         type=int,

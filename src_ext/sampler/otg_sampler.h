@@ -538,6 +538,15 @@ static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, i
 {
     otg_ret_t r;
     otg_dev_t h = d->handle;
+    unsigned int period; /* of the codec utilizations: not kept */
+/* One value of type `type` read into s->field when the device has `bit` and is not lost:
+ * n->fn(h, ...), where the arguments after the handle name the value &v_. */
+#define OTG_READ(bit, type, field, fn, ...)                                    \
+    if ((d->caps & (bit)) && !OTG_LOST(s)) {                                   \
+        type v_;                                                               \
+        r = OTG_CALL(n->fn, h, __VA_ARGS__);                                   \
+        if (otg_check(d, s, (bit), r)) s->field = v_;                          \
+    }
     memset(s, 0, sizeof *s);
     s->t_ns = t_ns;
     if ((d->caps & OTG_F_UTIL) && !OTG_LOST(s)) {
@@ -573,31 +582,12 @@ static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, i
             s->mem_total = m.total;
         }
     }
-    if ((d->caps & OTG_F_POWER) && !OTG_LOST(s)) {
-        unsigned int mw;
-        r = OTG_CALL(n->DeviceGetPowerUsage, h, &mw);
-        if (otg_check(d, s, OTG_F_POWER, r)) s->power_mw = mw;
-    }
-    if ((d->caps & OTG_F_TEMP) && !OTG_LOST(s)) {
-        unsigned int c;
-        r = OTG_CALL(n->DeviceGetTemperature, h, OTG_TEMPERATURE_GPU, &c);
-        if (otg_check(d, s, OTG_F_TEMP, r)) s->temperature_c = c;
-    }
-    if ((d->caps & OTG_F_SM_CLOCK) && !OTG_LOST(s)) {
-        unsigned int mhz;
-        r = OTG_CALL(n->DeviceGetClockInfo, h, OTG_CLOCK_SM, &mhz);
-        if (otg_check(d, s, OTG_F_SM_CLOCK, r)) s->sm_clock_mhz = mhz;
-    }
-    if ((d->caps & OTG_F_MEM_CLOCK) && !OTG_LOST(s)) {
-        unsigned int mhz;
-        r = OTG_CALL(n->DeviceGetClockInfo, h, OTG_CLOCK_MEM, &mhz);
-        if (otg_check(d, s, OTG_F_MEM_CLOCK, r)) s->mem_clock_mhz = mhz;
-    }
-    if ((d->caps & OTG_F_REASONS) && !OTG_LOST(s)) {
-        unsigned long long reasons;
-        r = OTG_CALL(n->DeviceGetCurrentClocksEventReasons, h, &reasons);
-        if (otg_check(d, s, OTG_F_REASONS, r)) s->reasons = reasons;
-    }
+    OTG_READ(OTG_F_POWER, unsigned int, power_mw, DeviceGetPowerUsage, &v_)
+    OTG_READ(OTG_F_TEMP, unsigned int, temperature_c, DeviceGetTemperature, OTG_TEMPERATURE_GPU,
+             &v_)
+    OTG_READ(OTG_F_SM_CLOCK, unsigned int, sm_clock_mhz, DeviceGetClockInfo, OTG_CLOCK_SM, &v_)
+    OTG_READ(OTG_F_MEM_CLOCK, unsigned int, mem_clock_mhz, DeviceGetClockInfo, OTG_CLOCK_MEM, &v_)
+    OTG_READ(OTG_F_REASONS, unsigned long long, reasons, DeviceGetCurrentClocksEventReasons, &v_)
     if (!OTG_LOST(s)) {
         otg_field_value_t fv[OTG_NFIELDS];
         uint32_t bit[OTG_NFIELDS];
@@ -638,26 +628,11 @@ static void otg_sample_device(otg_nvml_t *n, otg_device_t *d, otg_sample_t *s, i
             }
         }
     }
-    if ((d->caps & OTG_F_FAN) && !OTG_LOST(s)) {
-        unsigned int pct;
-        r = OTG_CALL(n->DeviceGetFanSpeed, h, &pct);
-        if (otg_check(d, s, OTG_F_FAN, r)) s->fan_pct = pct;
-    }
-    if ((d->caps & OTG_F_PSTATE) && !OTG_LOST(s)) {
-        unsigned int p;
-        r = OTG_CALL(n->DeviceGetPerformanceState, h, &p);
-        if (otg_check(d, s, OTG_F_PSTATE, r)) s->pstate = p;
-    }
-    if ((d->caps & OTG_F_ENC) && !OTG_LOST(s)) {
-        unsigned int u, period;
-        r = OTG_CALL(n->DeviceGetEncoderUtilization, h, &u, &period);
-        if (otg_check(d, s, OTG_F_ENC, r)) s->enc_util = u;
-    }
-    if ((d->caps & OTG_F_DEC) && !OTG_LOST(s)) {
-        unsigned int u, period;
-        r = OTG_CALL(n->DeviceGetDecoderUtilization, h, &u, &period);
-        if (otg_check(d, s, OTG_F_DEC, r)) s->dec_util = u;
-    }
+    OTG_READ(OTG_F_FAN, unsigned int, fan_pct, DeviceGetFanSpeed, &v_)
+    OTG_READ(OTG_F_PSTATE, unsigned int, pstate, DeviceGetPerformanceState, &v_)
+    OTG_READ(OTG_F_ENC, unsigned int, enc_util, DeviceGetEncoderUtilization, &v_, &period)
+    OTG_READ(OTG_F_DEC, unsigned int, dec_util, DeviceGetDecoderUtilization, &v_, &period)
+#undef OTG_READ
     if ((d->caps & OTG_F_GPM) && !OTG_LOST(s)) otg_sample_gpm(n, d, s, probing);
     if (s->status != OTG_STATUS_LOST && s->nerrors > 0) s->status = OTG_STATUS_FIELD_ERRORS;
 }
@@ -820,6 +795,25 @@ static const otg_sample_t *otg_at(const otg_state_t *st, const otg_device_t *d, 
     return &d->ring[(first + k) % st->cap];
 }
 
+/* Sum and count of one sample field over a window: its mean (and valid bit) is set only
+ * when some sample had the field. */
+typedef struct {
+    uint64_t n, sum;
+} otg_mean_t;
+
+static void otg_mean_add(otg_mean_t *m, uint64_t v)
+{
+    m->sum += v;
+    m->n++;
+}
+
+static void otg_mean_put(const otg_mean_t *m, otg_window_t *w, uint32_t bit, double *mean)
+{
+    if (m->n == 0) return;
+    w->valid |= bit;
+    *mean = (double)m->sum / (double)m->n;
+}
+
 /*
  * Statistics of device i over [s_ns, e_ns] (both inclusive). The rules, shared
  * with the pure twin (_core_py.window):
@@ -875,9 +869,15 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
     else a = lo > 0 ? lo - 1 : lo;
     b = l;
     uint64_t n_util = 0, sum_gpu = 0, sum_mem = 0, n_power = 0, sum_power = 0, max_power = 0;
-    uint64_t n_sm = 0, sum_sm = 0, n_reason = 0, n_throttled = 0;
+    uint64_t n_reason = 0, n_throttled = 0;
     uint32_t min_gpu = 0, max_gpu = 0;
-    uint64_t n_enc = 0, sum_enc = 0, n_dec = 0, sum_dec = 0;
+    otg_mean_t sm = {0, 0}, enc = {0, 0}, dec = {0, 0};
+/* The largest value of a sample field over the window (the first sample with it sets it). */
+#define OTG_PEAK(bit, field, peak)                                             \
+    if (p->valid & (bit)) {                                                    \
+        if (!(w->valid & (bit)) || p->field > w->peak) w->peak = p->field;     \
+        w->valid |= (bit);                                                     \
+    }
     for (uint64_t k = f; k <= l; k++) {
         const otg_sample_t *p = otg_at(st, d, first, k);
         if (p->valid & OTG_F_UTIL) {
@@ -887,26 +887,15 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
             sum_mem += p->mem_util;
             n_util++;
         }
-        if (p->valid & OTG_F_MEMORY) {
-            if (!(w->valid & OTG_F_MEMORY) || p->mem_used > w->mem_used_peak)
-                w->mem_used_peak = p->mem_used;
-            w->mem_total = p->mem_total;
-            w->valid |= OTG_F_MEMORY;
-        }
+        OTG_PEAK(OTG_F_MEMORY, mem_used, mem_used_peak)
+        if (p->valid & OTG_F_MEMORY) w->mem_total = p->mem_total;
         if (p->valid & OTG_F_POWER) {
             if (n_power == 0 || p->power_mw > max_power) max_power = p->power_mw;
             sum_power += p->power_mw;
             n_power++;
         }
-        if (p->valid & OTG_F_TEMP) {
-            if (!(w->valid & OTG_F_TEMP) || p->temperature_c > w->temp_max)
-                w->temp_max = p->temperature_c;
-            w->valid |= OTG_F_TEMP;
-        }
-        if (p->valid & OTG_F_SM_CLOCK) {
-            sum_sm += p->sm_clock_mhz;
-            n_sm++;
-        }
+        OTG_PEAK(OTG_F_TEMP, temperature_c, temp_max)
+        if (p->valid & OTG_F_SM_CLOCK) otg_mean_add(&sm, p->sm_clock_mhz);
         if (p->valid & OTG_F_REASONS) {
             w->reasons |= p->reasons;
             if (p->reasons & OTG_THROTTLE_MASK) n_throttled++;
@@ -916,28 +905,14 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
             w->mem_reserved = p->mem_reserved;
             w->valid |= OTG_F_MEM_RESERVED;
         }
-        if (p->valid & OTG_F_MEM_TEMP) {
-            if (!(w->valid & OTG_F_MEM_TEMP) || p->mem_temp_c > w->mem_temp_max)
-                w->mem_temp_max = p->mem_temp_c;
-            w->valid |= OTG_F_MEM_TEMP;
-        }
-        if (p->valid & OTG_F_ENC) {
-            sum_enc += p->enc_util;
-            n_enc++;
-        }
-        if (p->valid & OTG_F_DEC) {
-            sum_dec += p->dec_util;
-            n_dec++;
-        }
+        OTG_PEAK(OTG_F_MEM_TEMP, mem_temp_c, mem_temp_max)
+        if (p->valid & OTG_F_ENC) otg_mean_add(&enc, p->enc_util);
+        if (p->valid & OTG_F_DEC) otg_mean_add(&dec, p->dec_util);
     }
-    if (n_enc > 0) {
-        w->valid |= OTG_F_ENC;
-        w->enc_util_mean = (double)sum_enc / (double)n_enc;
-    }
-    if (n_dec > 0) {
-        w->valid |= OTG_F_DEC;
-        w->dec_util_mean = (double)sum_dec / (double)n_dec;
-    }
+#undef OTG_PEAK
+    otg_mean_put(&sm, w, OTG_F_SM_CLOCK, &w->sm_clock_mean);
+    otg_mean_put(&enc, w, OTG_F_ENC, &w->enc_util_mean);
+    otg_mean_put(&dec, w, OTG_F_DEC, &w->dec_util_mean);
     {
         double gsum[OTG_NGPM], gw[OTG_NGPM];
         uint64_t g0 = f;
@@ -975,10 +950,6 @@ static int otg_window(otg_state_t *st, int i, int64_t s_ns, int64_t e_ns, otg_wi
         w->valid |= OTG_F_POWER;
         w->power_mean_w = (double)sum_power / (double)n_power / 1000.0;
         w->power_max_w = (double)max_power / 1000.0;
-    }
-    if (n_sm > 0) {
-        w->valid |= OTG_F_SM_CLOCK;
-        w->sm_clock_mean = (double)sum_sm / (double)n_sm;
     }
     if (n_reason > 0) {
         w->valid |= OTG_F_REASONS;

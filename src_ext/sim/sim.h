@@ -273,5 +273,8 @@ void sim_events_notify(void);
 void sim_lock(void);
 void sim_unlock(void);
 void sim_sleep_us(long long us);
+/* Lock; count the call; check initialisation, the handle (-> *gi) and loss; set *now and
+ * the call's latency *lat (0 until known). The lock stays held whatever it returns. */
+nvmlReturn_t sim_enter_device(nvmlDevice_t dev, int *gi, long long *now, long long *lat);
 
 #endif

@@ -59,55 +59,40 @@ SIM_EXPORT int otelgpu_sim_unconfigure(void) {
     return 0;
 }
 
-SIM_EXPORT long long otelgpu_sim_now_ns(void) {
-    sim_lock();
-    long long t = sim_now_ns();
+/* A getter: one value of the state, read under the lock. */
+#define LOCKED_GETTER(type, fn, value)                                                            \
+    SIM_EXPORT type fn(void) {                                                                    \
+        sim_lock();                                                                               \
+        type v_ = (value);                                                                        \
+        sim_unlock();                                                                             \
+        return v_;                                                                                \
+    }
+
+LOCKED_GETTER(long long, otelgpu_sim_now_ns, sim_now_ns())
+LOCKED_GETTER(long long, otelgpu_sim_epoch_ns, g_sim.epoch_ns)
+LOCKED_GETTER(int, otelgpu_sim_is_virtual, g_sim.virtual_clock)
+LOCKED_GETTER(int, otelgpu_sim_gpu_count, g_sim.gpu_count)
+LOCKED_GETTER(int, otelgpu_sim_refcount, g_sim.refcount)
+LOCKED_GETTER(unsigned long long, otelgpu_sim_calls, g_sim.calls)
+
+/* fail() for a caller holding the lock: releases it first. */
+static int unlock_fail(const char *msg) {
     sim_unlock();
-    return t;
+    return fail(msg);
 }
 
-SIM_EXPORT long long otelgpu_sim_epoch_ns(void) {
+/* Take the lock for a move of the virtual clock: 0 with the lock held, or -1 (lock
+ * released, error set) when no scenario runs on a virtual clock. */
+static int lock_virtual_clock(void) {
     sim_lock();
-    long long t = g_sim.epoch_ns;
-    sim_unlock();
-    return t;
-}
-
-SIM_EXPORT int otelgpu_sim_is_virtual(void) {
-    sim_lock();
-    int v = g_sim.virtual_clock;
-    sim_unlock();
-    return v;
-}
-
-SIM_EXPORT int otelgpu_sim_gpu_count(void) {
-    sim_lock();
-    int n = g_sim.gpu_count;
-    sim_unlock();
-    return n;
-}
-
-SIM_EXPORT int otelgpu_sim_refcount(void) {
-    sim_lock();
-    int n = g_sim.refcount;
-    sim_unlock();
-    return n;
-}
-
-SIM_EXPORT unsigned long long otelgpu_sim_calls(void) {
-    sim_lock();
-    unsigned long long n = g_sim.calls;
-    sim_unlock();
-    return n;
+    if (!g_sim.configured || !g_sim.virtual_clock)
+        return unlock_fail("the simulator is not running on a virtual clock");
+    return 0;
 }
 
 SIM_EXPORT int otelgpu_sim_set_time_ns(long long t) {
     if (t < 0) return fail("time must be >= 0");
-    sim_lock();
-    if (!g_sim.configured || !g_sim.virtual_clock) {
-        sim_unlock();
-        return fail("the simulator is not running on a virtual clock");
-    }
+    if (lock_virtual_clock()) return -1;
     g_sim.virtual_ns = t;
     sim_events_notify();
     sim_unlock();
@@ -116,11 +101,7 @@ SIM_EXPORT int otelgpu_sim_set_time_ns(long long t) {
 
 SIM_EXPORT int otelgpu_sim_advance_ns(long long dt) {
     if (dt < 0) return fail("advance must be >= 0");
-    sim_lock();
-    if (!g_sim.configured || !g_sim.virtual_clock) {
-        sim_unlock();
-        return fail("the simulator is not running on a virtual clock");
-    }
+    if (lock_virtual_clock()) return -1;
     g_sim.virtual_ns += dt;
     sim_events_notify();
     sim_unlock();
@@ -132,10 +113,7 @@ SIM_EXPORT int otelgpu_sim_inject(const char *line) {
     sim_event ev;
     if (!line || strlen(line) >= sizeof(buf) - 32) return fail("event line missing or too long");
     sim_lock();
-    if (!g_sim.configured) {
-        sim_unlock();
-        return fail("no scenario is loaded");
-    }
+    if (!g_sim.configured) return unlock_fail("no scenario is loaded");
     /* replace a literal "now" start time by the current scenario time */
     int gpu, kind, used = 0;
     char start[32];
@@ -143,24 +121,14 @@ SIM_EXPORT int otelgpu_sim_inject(const char *line) {
         snprintf(buf, sizeof(buf), "%d %d %lld %s", gpu, kind, sim_now_ns(), line + used);
     else
         snprintf(buf, sizeof(buf), "%s", line);
-    if (sim_parse_event(buf, &ev, err, sizeof(err))) {
-        sim_unlock();
-        return fail(err);
-    }
-    if (ev.gpu >= g_sim.gpu_count) {
-        sim_unlock();
-        return fail("no such GPU index");
-    }
-    if (g_sim.nevents >= SIM_MAX_EVENTS) {
-        sim_unlock();
-        return fail("event table full");
-    }
+    if (sim_parse_event(buf, &ev, err, sizeof(err))) return unlock_fail(err);
+    if (ev.gpu >= g_sim.gpu_count) return unlock_fail("no such GPU index");
+    if (g_sim.nevents >= SIM_MAX_EVENTS) return unlock_fail("event table full");
     g_sim.events[g_sim.nevents++] = ev;
     if (sim_add_companions(&g_sim, g_sim.nevents - 1)) {
         g_sim.nevents--;
         sim_index_events();
-        sim_unlock();
-        return fail("event table full");
+        return unlock_fail("event table full");
     }
     sim_index_events();
     sim_events_notify();

@@ -85,26 +85,6 @@ static int gpm_supported(int gi) {
     return g->arch >= 9 && !(g->unsupported & FEAT_GPM);
 }
 
-static int device_index(nvmlDevice_t dev) {
-    if (!dev || dev < g_devices || dev >= g_devices + SIM_MAX_GPUS) return -1;
-    if (dev->magic != SIM_DEVICE_MAGIC || (int)dev->index >= g_sim.gpu_count) return -1;
-    return (int)dev->index;
-}
-
-/* Lock; check init, the handle and loss. On success the lock stays held. */
-static nvmlReturn_t enter_device(nvmlDevice_t dev, int *gi, long long *now, long long *lat) {
-    sim_lock();
-    g_sim.calls++;
-    *lat = 0;
-    if (g_sim.refcount <= 0) return NVML_ERROR_UNINITIALIZED;
-    *gi = device_index(dev);
-    if (*gi < 0) return NVML_ERROR_INVALID_ARGUMENT;
-    *now = sim_now_ns();
-    *lat = sim_latency_us(*gi, *now);
-    if (sim_is_lost(*gi, *now)) return NVML_ERROR_GPU_IS_LOST;
-    return NVML_SUCCESS;
-}
-
 static nvmlReturn_t leave(nvmlReturn_t rc, long long lat) {
     sim_unlock();
     sim_sleep_us(lat);
@@ -114,7 +94,7 @@ static nvmlReturn_t leave(nvmlReturn_t rc, long long lat) {
 SIM_EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *support) {
     int gi = -1;
     long long now = 0, lat = 0;
-    nvmlReturn_t rc = enter_device(dev, &gi, &now, &lat);
+    nvmlReturn_t rc = sim_enter_device(dev, &gi, &now, &lat);
     if (rc) return leave(rc, lat);
     if (!support) return leave(NVML_ERROR_INVALID_ARGUMENT, lat);
     if (support->version != NVML_GPM_SUPPORT_VERSION)
@@ -143,7 +123,7 @@ SIM_EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
 SIM_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
     int gi = -1;
     long long now = 0, lat = 0;
-    nvmlReturn_t rc = enter_device(dev, &gi, &now, &lat);
+    nvmlReturn_t rc = sim_enter_device(dev, &gi, &now, &lat);
     if (rc) return leave(rc, lat);
     if (!sample || sample->magic != GPM_SAMPLE_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT, lat);
     if (!gpm_supported(gi)) return leave(NVML_ERROR_NOT_SUPPORTED, lat);

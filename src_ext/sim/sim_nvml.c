@@ -229,7 +229,7 @@ static int handle_index(nvmlDevice_t dev) {
     return (int)dev->index;
 }
 
-static nvmlReturn_t enter_dev(nvmlDevice_t dev, int *gi, long long *now, long long *lat) {
+nvmlReturn_t sim_enter_device(nvmlDevice_t dev, int *gi, long long *now, long long *lat) {
     sim_lock();
     g_sim.calls++;
     *lat = 0;
@@ -239,8 +239,13 @@ static nvmlReturn_t enter_dev(nvmlDevice_t dev, int *gi, long long *now, long lo
     *now = sim_now_ns();
     *lat = sim_latency_us(*gi, *now);
     if (sim_is_lost(*gi, *now)) return NVML_ERROR_GPU_IS_LOST;
-    sim_integrate(*gi, *now);
     return NVML_SUCCESS;
+}
+
+static nvmlReturn_t enter_dev(nvmlDevice_t dev, int *gi, long long *now, long long *lat) {
+    nvmlReturn_t rc = sim_enter_device(dev, gi, now, lat);
+    if (rc == NVML_SUCCESS) sim_integrate(*gi, *now);
+    return rc;
 }
 
 #define CALL()                                                                                    \
@@ -285,6 +290,16 @@ static nvmlReturn_t enter_dev(nvmlDevice_t dev, int *gi, long long *now, long lo
 #define FEATURE(bit)                                                                              \
     do {                                                                                          \
         if (G->unsupported & (bit)) LEAVE(NVML_ERROR_NOT_SUPPORTED);                              \
+    } while (0)
+
+/* A versioned struct argument: present (else INVALID_ARGUMENT), its feature supported
+ * (else NOT_SUPPORTED), then of struct version v (else ARGUMENT_VERSION_MISMATCH). */
+#define NEED_STRUCT(ptr, feature, type, v)                                                        \
+    do {                                                                                          \
+        NEED(ptr);                                                                                \
+        FEATURE(feature);                                                                         \
+        if ((ptr)->version != NVML_STRUCT_VERSION(type, v))                                       \
+            LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);                                          \
     } while (0)
 
 static nvmlReturn_t copy_str(char *buf, unsigned int len, const char *s) {
@@ -522,10 +537,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
     CALL_DEV(dev);
-    NEED(m);
-    FEATURE(FEAT_MEMORY_V2);
-    if (m->version != NVML_STRUCT_VERSION(nvmlMemory_v2_t, 2U))
-        LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    NEED_STRUCT(m, FEAT_MEMORY_V2, nvmlMemory_v2_t, 2U);
     m->total = G->memory_bytes;
     m->reserved = G->reserved_bytes;
     m->used = sim_mem_used(gi, now);
@@ -583,10 +595,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, unsigned int 
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t dev, nvmlTemperature_t *t) {
     CALL_DEV(dev);
-    NEED(t);
-    FEATURE(FEAT_TEMPERATURE);
-    if (t->version != NVML_STRUCT_VERSION(nvmlTemperature_t, 1U))
-        LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    NEED_STRUCT(t, FEAT_TEMPERATURE, nvmlTemperature_t, 1U);
     if (t->sensorType != 0) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     t->temperature = (int)round_u(gpu_temp(gi));
     LEAVE(NVML_SUCCESS);
@@ -940,27 +949,20 @@ static nvmlReturn_t running_procs(nvmlDevice_t dev, unsigned int *count, void *i
     LEAVE(NVML_SUCCESS);
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i) {
-    return running_procs(d, c, i, sizeof(nvmlProcessInfo_t), 0);
-}
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i) {
-    return running_procs(d, c, i, sizeof(nvmlProcessInfo_t), 0);
-}
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v1_t *i) {
-    return running_procs(d, c, i, sizeof(nvmlProcessInfo_v1_t), 0);
-}
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i) {
-    return running_procs(d, c, i, sizeof(nvmlProcessInfo_t), 1);
-}
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i) {
-    return running_procs(d, c, i, sizeof(nvmlProcessInfo_t), 1);
-}
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v1_t *i) {
-    return running_procs(d, c, i, sizeof(nvmlProcessInfo_v1_t), 1);
-}
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i) {
-    return running_procs(d, c, i, sizeof(nvmlProcessInfo_t), 2); /* no MPS clients */
-}
+/* The exported process lists: each a running_procs() of its entry size and kind
+ * (0 compute, 1 graphics, 2 MPS: no MPS clients are simulated). */
+#define RUNNING_PROCS(fn, info_t, graphics)                                                       \
+    SIM_EXPORT nvmlReturn_t fn(nvmlDevice_t d, unsigned int *c, info_t *i) {                      \
+        return running_procs(d, c, i, sizeof(info_t), graphics);                                  \
+    }
+
+RUNNING_PROCS(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, 0)
+RUNNING_PROCS(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t, 0)
+RUNNING_PROCS(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, 0)
+RUNNING_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, 1)
+RUNNING_PROCS(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t, 1)
+RUNNING_PROCS(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, 1)
+RUNNING_PROCS(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, 2)
 
 static double proc_sm_util(int gi, long long now, const sim_proc *p) {
     return p->sm_util >= 0 ? p->sm_util : sim_util_gpu(gi, now);
@@ -994,10 +996,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlPr
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t dev,
                                                               nvmlProcessesUtilizationInfo_t *info) {
     CALL_DEV(dev);
-    NEED(info);
-    FEATURE(FEAT_PROCESSES);
-    if (info->version != NVML_STRUCT_VERSION(nvmlProcessesUtilizationInfo_t, 1U))
-        LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    NEED_STRUCT(info, FEAT_PROCESSES, nvmlProcessesUtilizationInfo_t, 1U);
     const sim_proc *list[SIM_MAX_PROCS];
     unsigned int n = procs_on(gi, now, 0, list, SIM_MAX_PROCS);
     unsigned long long ts = (unsigned long long)sim_epoch_us(now);

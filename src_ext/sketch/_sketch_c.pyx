@@ -96,12 +96,37 @@ ctypedef struct _snapshot:
     int scale
 
 
+cdef inline void _set_totals(_snapshot *snap, uint64_t zero, uint64_t rejected, double total,
+                             double vmin, double vmax, int scale) noexcept nogil:
+    # Everything of a snapshot but its bucket stores.
+    snap.zero, snap.rejected, snap.total = zero, rejected, total
+    snap.vmin, snap.vmax, snap.scale = vmin, vmax, scale
+
+
 cdef inline double _clamp(double v, double lo, double hi) noexcept:
     if v < lo:
         return lo
     if v > hi:
         return hi
     return v
+
+
+cdef inline bint _scan(const otg_store *s, bint descending, uint64_t target, uint64_t *seen,
+                       int64_t *found) noexcept nogil:
+    # Walks the buckets of ``s`` from its highest index down (``descending``) or from its
+    # lowest up, adding their counts to ``seen[0]``: True, with the bucket's index in
+    # ``found[0]``, at the first bucket that takes ``seen[0]`` past ``target``.
+    cdef int64_t k, _n, step = -1 if descending else 1
+    if s.total == 0:
+        return False
+    k = s.hi if descending else s.lo
+    for _n in range(s.hi - s.lo + 1):
+        seen[0] += s.counts[k - s.offset]
+        if seen[0] > target:
+            found[0] = k
+            return True
+        k += step
+    return False
 
 
 cdef object _validate_q(object q):
@@ -358,7 +383,6 @@ cdef class QuantileSketch:
         cdef double rank
         cdef uint64_t target, seen = 0
         cdef int64_t k
-        cdef uint64_t c
         if count == 0:
             return NAN
         rank = q * <double>(count - 1)
@@ -367,41 +391,25 @@ cdef class QuantileSketch:
         if rank >= <double>(count - 1):  # the largest value: known exactly
             return self._max
         target = <uint64_t>rank  # 0-based position in the sorted values
+        # _scan passes over an empty side (its lo..hi are stale, its counts may be NULL).
         if target < count // 2:  # ascending: negatives (largest magnitude first), 0, positives
-            if self._neg.total:
-                for k in range(self._neg.hi, self._neg.lo - 1, -1):
-                    c = self._neg.counts[k - self._neg.offset]
-                    seen += c
-                    if seen > target:
-                        return _clamp(-otg_bucket_value(k, self._factor, self._offset),
-                                      self._min, self._max)
+            if _scan(&self._neg, True, target, &seen, &k):
+                return _clamp(-otg_bucket_value(k, self._factor, self._offset),
+                              self._min, self._max)
             seen += self._zero
             if seen > target:
                 return 0.0
-            for k in range(self._pos.lo, self._pos.hi + 1):
-                c = self._pos.counts[k - self._pos.offset]
-                seen += c
-                if seen > target:
-                    return _clamp(otg_bucket_value(k, self._factor, self._offset),
-                                  self._min, self._max)
+            if _scan(&self._pos, False, target, &seen, &k):
+                return _clamp(otg_bucket_value(k, self._factor, self._offset), self._min, self._max)
             return self._max
         target = count - 1 - target  # position from the top
-        if self._pos.total:
-            for k in range(self._pos.hi, self._pos.lo - 1, -1):
-                c = self._pos.counts[k - self._pos.offset]
-                seen += c
-                if seen > target:
-                    return _clamp(otg_bucket_value(k, self._factor, self._offset),
-                                  self._min, self._max)
+        if _scan(&self._pos, True, target, &seen, &k):
+            return _clamp(otg_bucket_value(k, self._factor, self._offset), self._min, self._max)
         seen += self._zero
         if seen > target:
             return 0.0
-        for k in range(self._neg.lo, self._neg.hi + 1):
-            c = self._neg.counts[k - self._neg.offset]
-            seen += c
-            if seen > target:
-                return _clamp(-otg_bucket_value(k, self._factor, self._offset),
-                              self._min, self._max)
+        if _scan(&self._neg, False, target, &seen, &k):
+            return _clamp(-otg_bucket_value(k, self._factor, self._offset), self._min, self._max)
         return self._min
 
     def quantile(self, q):
@@ -448,12 +456,7 @@ cdef class QuantileSketch:
             otg_lock_acquire(&self._lock)
         rc1 = otg_store_copy(&snap.pos, &self._pos)
         rc2 = otg_store_copy(&snap.neg, &self._neg)
-        snap.zero = self._zero
-        snap.rejected = self._rejected
-        snap.total = self._sum
-        snap.vmin = self._min
-        snap.vmax = self._max
-        snap.scale = self._scale
+        _set_totals(snap, self._zero, self._rejected, self._sum, self._min, self._max, self._scale)
         if self._locked:
             otg_lock_release(&self._lock)
         if rc1 < 0 or rc2 < 0:
@@ -525,12 +528,8 @@ cdef class QuantileSketch:
         try:
             _fill_store(&snap.pos, state.positive_offset, state.positive, 0)
             _fill_store(&snap.neg, state.negative_offset, state.negative, 0)
-            snap.zero = state.zero_count
-            snap.rejected = state.rejected
-            snap.total = state.sum
-            snap.vmin = state.min
-            snap.vmax = state.max
-            snap.scale = state.scale
+            _set_totals(&snap, state.zero_count, state.rejected, state.sum, state.min, state.max,
+                        state.scale)
             self._merge_snapshot(&snap)
         finally:
             otg_store_free(&snap.pos)

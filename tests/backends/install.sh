@@ -13,29 +13,16 @@
 # PATH. Nothing is started: the package's service start is blocked by policy-rc.d on CI
 # images (no systemd), and the tests start their own Prometheus on a free 127.0.0.1 port.
 set -eu
+INSTALLER=tests/backends/install.sh
+. "$(dirname "$0")/../fixtures/apt.sh"
 
-if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
-    && command -v prometheus-alertmanager >/dev/null 2>&1 \
-    && command -v victoria-metrics >/dev/null 2>&1; then
-    exit 0
-fi
+have_all promtool prometheus prometheus-alertmanager victoria-metrics && exit 0
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "tests/backends/install.sh: needs root to apt-get install prometheus" \
-         "(run it with sudo, or set OTELGPU_SKIP_BACKENDS=1 to skip the backend tests)" >&2
-    exit 1
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "tests/backends/install.sh: no apt-get; install Prometheus >= 2.42 (prometheus and" \
-         "promtool on PATH) yourself, or set OTELGPU_SKIP_BACKENDS=1" >&2
-    exit 1
-fi
+need_apt_root "apt-get install prometheus (run it with sudo, or set OTELGPU_SKIP_BACKENDS=1 to skip the backend tests)" \
+    "install Prometheus >= 2.42 (prometheus and promtool on PATH) yourself, or set OTELGPU_SKIP_BACKENDS=1"
+apt_install prometheus prometheus-alertmanager
 
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
-
-if ! command -v victoria-metrics >/dev/null 2>&1; then
+if ! have_all victoria-metrics; then
     D=$(mktemp -d)
     MIRROR=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
     [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
@@ -53,10 +40,5 @@ if ! command -v victoria-metrics >/dev/null 2>&1; then
     rm -rf "$D"
 fi
 
-command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
-    && command -v prometheus-alertmanager >/dev/null 2>&1 \
-    && command -v victoria-metrics >/dev/null 2>&1 || {
-    echo "tests/backends/install.sh: prometheus/promtool/prometheus-alertmanager/victoria-metrics still missing after apt-get install" >&2
-    exit 1
-}
+require_all promtool prometheus prometheus-alertmanager victoria-metrics
 echo "tests/backends/install.sh: $(prometheus --version 2>&1 | head -n 1)"

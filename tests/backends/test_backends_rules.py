@@ -12,20 +12,20 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
-import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
 from fixtures.backends import (
     RULES,
     RULES_TEST,
     exposition_names,
+    fed_series_names,
     fired_alerts,
     otelgpu_metric_tables,
     promql_metric_names,
     promtool,
     promtool_ok,
+    rule_metric_names,
     rules_of,
 )
 
@@ -86,20 +86,12 @@ def test_backends_rules_use_only_metric_names_otelgpu_exports() -> None:
     )
     used: dict[str, set[str]] = {}
     for rule in _rules():
-        names = promql_metric_names(rule["expr"])
-        assert names, f"no metric name found in {rule.get('alert') or rule.get('record')}"
-        assert "__name__" not in names, "match metrics by name, not by __name__ regex"
-        for name in names:
+        for name in rule_metric_names(rule):
             used.setdefault(name, set()).add(rule.get("alert") or rule["record"])
     unknown = {name: sorted(rules) for name, rules in used.items() if name not in exported}
     assert unknown == {}, "rules use metric names otelgpu does not export"
 
-    series_names = set()
-    for test in yaml.safe_load(RULES_TEST.read_text())["tests"]:
-        for series in test.get("input_series", []):
-            match = re.match(r"[A-Za-z_:][\w:]*", series["series"])
-            assert match, series
-            series_names.add(match.group(0))
+    series_names = fed_series_names(RULES_TEST)
     assert series_names - set(exported) == set(), "unit tests feed series otelgpu never exports"
     assert set(used) <= series_names, "a metric used by the rules is never fed by the tests"
 

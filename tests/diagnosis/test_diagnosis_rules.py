@@ -9,19 +9,18 @@ Prometheus exporter names it.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml  # type: ignore[import-untyped]  # no PyYAML stubs in the test extras
 from fixtures.backends import (
     exposition_names,
+    fed_series_names,
     fired_alerts,
     otelgpu_metric_tables,
-    promql_metric_names,
     promtool,
     promtool_ok,
+    rule_metric_names,
     rules_of,
 )
 
@@ -73,17 +72,8 @@ def test_diagnosis_rules_use_exported_names() -> None:
     assert exported["otelgpu_train_phase_duration_quantile_seconds"] == N.PHASE_DURATION.name
     assert exported["otelgpu_diagnosis_findings_total"] == N.FINDINGS.name
     recorded = {rule["record"] for rule in _rules() if "record" in rule}
-    used = set()
-    for rule in _rules():
-        names = promql_metric_names(rule["expr"])
-        assert names and "__name__" not in names
-        used |= names
+    used = set().union(*(rule_metric_names(rule) for rule in _rules()))
     assert used - recorded - set(exported) == set()
-    fed = set()
-    for test in yaml.safe_load(RULES_TEST.read_text())["tests"]:
-        for series in test.get("input_series", []):
-            match = re.match(r"[A-Za-z_:][\w:]*", series["series"])
-            assert match
-            fed.add(match.group(0))
+    fed = fed_series_names(RULES_TEST)
     assert fed - set(exported) == set()
     assert used - recorded <= fed

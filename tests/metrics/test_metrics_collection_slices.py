@@ -15,14 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from fixtures.otel import RecordingMetricExporter
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    InMemoryMetricReader,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-)
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 
 from otelgpu import sim
 from otelgpu.metrics.gpu import register_gpu_metrics
@@ -32,26 +28,6 @@ from otelgpu.otel import slicing
 from otelgpu.otel.counters import LocalCounter
 from otelgpu.otel.metric_reader import ForkAwareMetricReader, slice_collection
 from otelgpu.sampler import BaseGpuSampler
-
-
-class _Capture(MetricExporter):
-    """Keeps every collection handed to it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.data: list[MetricsData] = []
-
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
-        self.data.append(metrics_data)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        return None
 
 
 def _queue_depths(count: int, _options: CallbackOptions) -> list[Observation]:
@@ -105,7 +81,7 @@ def test_collection_slices_are_short_in_thread_cpu_time(
     """Every observation and every instrument's aggregation step (SDK storage) is a
     chance to hand the GIL back; the longest stretch between two of them is a small
     part of the collection, and no full garbage collection runs in it."""
-    capture = _Capture()
+    capture = RecordingMetricExporter()
     reader = ForkAwareMetricReader(capture, export_interval_millis=3_600_000)
     provider = MeterProvider(metric_readers=[reader])
     try:
@@ -178,7 +154,7 @@ def _points(data: MetricsData) -> dict[str, list[tuple[tuple[Any, ...], Any]]]:
 def test_sliced_collection_exports_what_the_sdk_collects() -> None:
     """The same provider read by otelgpu's reader and by the SDK's own in-memory reader:
     identical metrics, attributes and values (only the slicing differs)."""
-    capture = _Capture()
+    capture = RecordingMetricExporter()
     sliced = ForkAwareMetricReader(capture, export_interval_millis=3_600_000)
     plain = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[sliced, plain])

@@ -17,6 +17,7 @@ import gzip
 import io
 import math
 import random
+import re
 import socket
 import time
 import urllib.request
@@ -47,84 +48,50 @@ PROMETHEUS_ACCEPT = (
     "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
 )
 
-# (message, [(field name, number, type, label, message type)]) from metrics.proto.
-_F = descriptor_pb2.FieldDescriptorProto
-_OPT, _REP = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
-_MESSAGES: list[tuple[str, list[tuple[str, int, int, int, str]]]] = [
-    ("LabelPair", [("name", 1, _F.TYPE_STRING, _OPT, ""), ("value", 2, _F.TYPE_STRING, _OPT, "")]),
-    ("Gauge", [("value", 1, _F.TYPE_DOUBLE, _OPT, "")]),
-    ("Counter", [("value", 1, _F.TYPE_DOUBLE, _OPT, "")]),
-    ("Untyped", [("value", 1, _F.TYPE_DOUBLE, _OPT, "")]),
-    (
-        "Quantile",
-        [("quantile", 1, _F.TYPE_DOUBLE, _OPT, ""), ("value", 2, _F.TYPE_DOUBLE, _OPT, "")],
-    ),
-    (
-        "Summary",
-        [
-            ("sample_count", 1, _F.TYPE_UINT64, _OPT, ""),
-            ("sample_sum", 2, _F.TYPE_DOUBLE, _OPT, ""),
-            ("quantile", 3, _F.TYPE_MESSAGE, _REP, "Quantile"),
-        ],
-    ),
-    (
-        "Bucket",
-        [
-            ("cumulative_count", 1, _F.TYPE_UINT64, _OPT, ""),
-            ("upper_bound", 2, _F.TYPE_DOUBLE, _OPT, ""),
-            ("cumulative_count_float", 4, _F.TYPE_DOUBLE, _OPT, ""),
-        ],
-    ),
-    (
-        "BucketSpan",
-        [("offset", 1, _F.TYPE_SINT32, _OPT, ""), ("length", 2, _F.TYPE_UINT32, _OPT, "")],
-    ),
-    (
-        "Histogram",
-        [
-            ("sample_count", 1, _F.TYPE_UINT64, _OPT, ""),
-            ("sample_sum", 2, _F.TYPE_DOUBLE, _OPT, ""),
-            ("bucket", 3, _F.TYPE_MESSAGE, _REP, "Bucket"),
-            ("sample_count_float", 4, _F.TYPE_DOUBLE, _OPT, ""),
-            ("schema", 5, _F.TYPE_SINT32, _OPT, ""),
-            ("zero_threshold", 6, _F.TYPE_DOUBLE, _OPT, ""),
-            ("zero_count", 7, _F.TYPE_UINT64, _OPT, ""),
-            ("zero_count_float", 8, _F.TYPE_DOUBLE, _OPT, ""),
-            ("negative_span", 9, _F.TYPE_MESSAGE, _REP, "BucketSpan"),
-            ("negative_delta", 10, _F.TYPE_SINT64, _REP, ""),
-            ("negative_count", 11, _F.TYPE_DOUBLE, _REP, ""),
-            ("positive_span", 12, _F.TYPE_MESSAGE, _REP, "BucketSpan"),
-            ("positive_delta", 13, _F.TYPE_SINT64, _REP, ""),
-            ("positive_count", 14, _F.TYPE_DOUBLE, _REP, ""),
-        ],
-    ),
-    (
-        "Metric",
-        [
-            ("label", 1, _F.TYPE_MESSAGE, _REP, "LabelPair"),
-            ("gauge", 2, _F.TYPE_MESSAGE, _OPT, "Gauge"),
-            ("counter", 3, _F.TYPE_MESSAGE, _OPT, "Counter"),
-            ("summary", 4, _F.TYPE_MESSAGE, _OPT, "Summary"),
-            ("untyped", 5, _F.TYPE_MESSAGE, _OPT, "Untyped"),
-            ("timestamp_ms", 6, _F.TYPE_INT64, _OPT, ""),
-            ("histogram", 7, _F.TYPE_MESSAGE, _OPT, "Histogram"),
-        ],
-    ),
-    (
-        "MetricFamily",
-        [
-            ("name", 1, _F.TYPE_STRING, _OPT, ""),
-            ("help", 2, _F.TYPE_STRING, _OPT, ""),
-            ("type", 3, _F.TYPE_ENUM, _OPT, "MetricType"),
-            ("metric", 4, _F.TYPE_MESSAGE, _REP, "Metric"),
-            ("unit", 5, _F.TYPE_STRING, _OPT, ""),
-        ],
-    ),
-]
+# The messages of prometheus/client_model's metrics.proto (proto2), field for field;
+# deprecated and unused fields left out, the "type" of a family is the MetricType enum.
+METRICS_PROTO = """
+message LabelPair { optional string name = 1; optional string value = 2; }
+message Gauge { optional double value = 1; }
+message Counter { optional double value = 1; }
+message Untyped { optional double value = 1; }
+message Quantile { optional double quantile = 1; optional double value = 2; }
+message Summary {
+  optional uint64 sample_count = 1; optional double sample_sum = 2;
+  repeated Quantile quantile = 3;
+}
+message Bucket {
+  optional uint64 cumulative_count = 1; optional double upper_bound = 2;
+  optional double cumulative_count_float = 4;
+}
+message BucketSpan { optional sint32 offset = 1; optional uint32 length = 2; }
+message Histogram {
+  optional uint64 sample_count = 1; optional double sample_sum = 2; repeated Bucket bucket = 3;
+  optional double sample_count_float = 4; optional sint32 schema = 5;
+  optional double zero_threshold = 6; optional uint64 zero_count = 7;
+  optional double zero_count_float = 8;
+  repeated BucketSpan negative_span = 9; repeated sint64 negative_delta = 10;
+  repeated double negative_count = 11;
+  repeated BucketSpan positive_span = 12; repeated sint64 positive_delta = 13;
+  repeated double positive_count = 14;
+}
+message Metric {
+  repeated LabelPair label = 1; optional Gauge gauge = 2; optional Counter counter = 3;
+  optional Summary summary = 4; optional Untyped untyped = 5; optional int64 timestamp_ms = 6;
+  optional Histogram histogram = 7;
+}
+message MetricFamily {
+  optional string name = 1; optional string help = 2; optional MetricType type = 3;
+  repeated Metric metric = 4; optional string unit = 5;
+}
+"""
+_SCALARS = {"double", "int64", "sint32", "sint64", "string", "uint32", "uint64"}
 _TYPE_NAMES = ["COUNTER", "GAUGE", "SUMMARY", "UNTYPED", "HISTOGRAM", "GAUGE_HISTOGRAM"]
 
 
 def _metric_family_class() -> Any:
+    """The ``MetricFamily`` class of :data:`METRICS_PROTO`, built by the protobuf runtime
+    from a file descriptor written here (a field is ``label type name = number;``)."""
     package = "io.prometheus.client"
     fdp = descriptor_pb2.FileDescriptorProto(
         name="otelgpu_test_metrics.proto", package=package, syntax="proto2"
@@ -132,12 +99,17 @@ def _metric_family_class() -> Any:
     enum = fdp.enum_type.add(name="MetricType")
     for number, name in enumerate(_TYPE_NAMES):
         enum.value.add(name=name, number=number)
-    for message, fields in _MESSAGES:
+    F = descriptor_pb2.FieldDescriptorProto
+    labels = {"optional": F.LABEL_OPTIONAL, "repeated": F.LABEL_REPEATED}
+    for message, body in re.findall(r"message (\w+) \{([^}]*)\}", METRICS_PROTO):
         mdp = fdp.message_type.add(name=message)
-        for name, number, ftype, label, type_name in fields:
-            field = mdp.field.add(name=name, number=number, type=ftype, label=label)  # type: ignore[arg-type]
-            if type_name:
-                field.type_name = f".{package}.{type_name}"
+        for label, ftype, name, number in re.findall(r"(\w+) (\w+) (\w+) = (\d+);", body):
+            field = mdp.field.add(name=name, number=int(number), label=labels[label])
+            if ftype in _SCALARS:
+                field.type = getattr(F, f"TYPE_{ftype.upper()}")
+                continue
+            field.type = F.TYPE_ENUM if ftype == "MetricType" else F.TYPE_MESSAGE
+            field.type_name = f".{package}.{ftype}"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.MetricFamily"))

@@ -6,7 +6,6 @@ import argparse
 import io
 import os
 import re
-import subprocess
 import sys
 import textwrap
 import urllib.request
@@ -16,6 +15,7 @@ import pytest
 from fixtures.otel import (
     python_env,
     reset_otel_globals,  # noqa: F401 - pytest fixtures
+    run_interpreter,
 )
 from fixtures.processes import free_port
 
@@ -33,13 +33,8 @@ def test_pipeline_demo_runs_on_the_simulator_and_reports(tmp_path: Path) -> None
     """make demo: real torch training (zero code) and real transformers serving on the
     simulated 8xH100 node with faults; ends with the verdict and writes the HTML report."""
     env = python_env(OTELGPU_RECORDING_DIR=str(tmp_path))
-    proc = subprocess.run(
-        [sys.executable, "-m", "otelgpu", "demo", "--seconds", "8", "--sim"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
+    proc = run_interpreter(
+        "-m", "otelgpu", "demo", "--seconds", "8", "--sim", env=env, timeout=240, cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -137,12 +132,9 @@ def test_pipeline_run_instruments_the_child(tmp_path: Path) -> None:
         )
     )
     env = python_env(OTELGPU_RECORDING_DIR=str(tmp_path / "rec"), OTELGPU_GPU="false")
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "otelgpu", "run", "-e", "OTEL_SERVICE_NAME=trainer", "--",
-            sys.executable, str(script),
-        ],
-        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    proc = run_interpreter(
+        "-m", "otelgpu", "run", "-e", "OTEL_SERVICE_NAME=trainer", "--", sys.executable,
+        str(script), env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "child ok trainer" in proc.stdout

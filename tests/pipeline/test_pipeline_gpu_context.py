@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.otel import python_env
+from fixtures.otel import python_env, run_python
 from fixtures.otlp_receiver import (
     OtlpReceiver,
     attributes,
@@ -33,7 +31,6 @@ else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 SCENARIO = "healthy-8xh100"
-ROOT = Path(__file__).resolve().parents[2]
 
 PROGRAM = """
     import json, time
@@ -79,14 +76,7 @@ def test_pipeline_spans_carry_simulated_gpu_context(otlp_receiver: OtlpReceiver)
         OTEL_SERVICE_NAME="sim-test",
         OTELGPU_FRAMEWORKS="none",
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PROGRAM)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    proc = run_python(PROGRAM, env)
     assert proc.returncode == 0, proc.stderr
     nvml = json.loads(proc.stdout.strip().splitlines()[-1])
 

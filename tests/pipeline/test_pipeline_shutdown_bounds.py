@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
+from fixtures.otel import RecordingMetricExporter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-)
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -90,25 +85,8 @@ def test_pipeline_span_processor_shutdown_exports_everything_in_time() -> None:
     assert stats.dropped() == {}
 
 
-class _RecordingShutdownExporter(MetricExporter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.shutdown_timeouts: list[float] = []
-
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self.shutdown_timeouts.append(timeout_millis)
-
-
 def test_pipeline_guarded_metric_exporter_honours_the_shutdown_deadline() -> None:
-    inner = _RecordingShutdownExporter()
+    inner = RecordingMetricExporter()
     guarded = GuardedMetricExporter(inner, InternalStats(), temporality=preferred_temporality())
     provider = MeterProvider(
         metric_readers=[ForkAwareMetricReader(guarded, export_interval_millis=3_600_000)]

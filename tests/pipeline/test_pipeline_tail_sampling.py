@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.otel import steps_then_request
 from fixtures.otlp_receiver import OtlpReceiver, attributes
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -49,13 +50,8 @@ def test_pipeline_realistic_rate_nothing_dropped(receiver: Any, protocol: str) -
     """50 steps/s for 2 s and 100 requests: every span arrives, nothing is counted lost."""
     handle = _instrument(receiver, protocol, gpu=False)
     runtime = handle.runtime
-    for i in range(100):
-        with otelgpu.step(samples=2):
-            time.sleep(0.02)
-        with otelgpu.request(model="m") as r:
-            r.first_token()
-            r.tokens(3)
-        assert i >= 0
+    for _ in range(100):
+        steps_then_request(1, 0.02, samples=2)
     handle.force_flush()
     handle.shutdown()
     assert len(_step_spans(receiver)) == 100

@@ -8,12 +8,11 @@ traceback reaches the host's stderr.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.sim import SMALL_SCENARIO
+from fixtures.sim import SMALL_SCENARIO, small_scenario
 from reliability_support import HostRun, p99_change, p99_ok, run_host
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
@@ -93,30 +92,37 @@ def test_nvml_fault_mid_run(
     _check(p, run_host(_cfg(tmp_path, inject=inject)), healthy, health=health)
 
 
-def test_nvml_not_supported(probe: Any, healthy: HostRun, tmp_path: Path) -> None:
-    p = probe(
-        "NVML",
+# Every feature a scenario can switch off (NOT_SUPPORTED) but utilization and GPM.
+OPTIONAL_FEATURES = [
+    "ecc", "fan", "power", "energy", "temperature", "nvlink", "remapped_rows", "pcie",
+    "processes", "clock_reasons", "memory_v2", "clocks", "pstate", "events", "samples",
+    "retired_pages",
+]  # fmt: skip
+
+# Faults present from the start: (probe, what was done, the scenario).
+SCENARIO_FAULTS = [
+    (
         "NOT_SUPPORTED fields",
         "every optional NVML feature answers NOT_SUPPORTED (ECC, fans, power, energy, "
         "temperature, NVLink, PCIe, clocks, events, samples …)",
-    )
-    scenario = copy.deepcopy(SMALL_SCENARIO)
-    scenario["gpus"]["unsupported"] = [
-        "ecc", "fan", "power", "energy", "temperature", "nvlink", "remapped_rows", "pcie",
-        "processes", "clock_reasons", "memory_v2", "clocks", "pstate", "events", "samples",
-        "retired_pages",
-    ]  # fmt: skip
-    _check(p, run_host(_cfg(tmp_path, scenario)), healthy, health=False)
-
-
-def test_nvml_init_failure(probe: Any, healthy: HostRun, tmp_path: Path) -> None:
-    p = probe(
-        "NVML",
+        small_scenario(unsupported=OPTIONAL_FEATURES),
+    ),
+    (
         "init failure",
         "nvmlInit fails with DRIVER_NOT_LOADED (scenario driver-not-loaded)",
-    )
-    run = run_host(_cfg(tmp_path, "driver-not-loaded"))
-    _check(p, run, healthy, health=False)
+        "driver-not-loaded",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "what", "scenario"), SCENARIO_FAULTS, ids=[f[0] for f in SCENARIO_FAULTS]
+)
+def test_nvml_fault_from_the_start(
+    probe: Any, healthy: HostRun, tmp_path: Path, label: str, what: str, scenario: Any
+) -> None:
+    p = probe("NVML", label, what)
+    _check(p, run_host(_cfg(tmp_path, scenario)), healthy, health=False)
 
 
 def test_nvml_degraded_driver_at_instrument(probe: Any, healthy: HostRun, tmp_path: Path) -> None:
@@ -126,9 +132,7 @@ def test_nvml_degraded_driver_at_instrument(probe: Any, healthy: HostRun, tmp_pa
         "every NVML call takes 50 ms from the start (2 GPUs): how long instrument() blocks "
         "the caller",
     )
-    scenario = copy.deepcopy(SMALL_SCENARIO)
-    scenario["driver"] = {"latency_ms": 50}
-    cfg = _cfg(tmp_path, scenario)
+    cfg = _cfg(tmp_path, small_scenario(driver={"latency_ms": 50}))
     cfg["duration_s"] = 1.0
     run = run_host(cfg, timeout=60)
     took = run["instrument_s"] if run.result else float("inf")

@@ -33,10 +33,20 @@ def _decoded(output: bytes | str | None) -> str:
 def _run(
     code: str, timeout: float = 120, **env: Any
 ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``code`` (dedented) in a fresh interpreter: see :func:`_run_python`."""
+    return _run_python(["-c", textwrap.dedent(code)], timeout, **env)
+
+
+def _run_python(
+    args: list[str], timeout: float = 120, **env: Any
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run the interpreter with ``args`` (:func:`python_env` plus ``env``): the completed
+    process (exit -9 with what it wrote and ``[killed: timeout]`` past ``timeout`` s) and
+    its wall time in seconds."""
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
-            [PYTHON, "-c", textwrap.dedent(code)],
+            [PYTHON, *args],
             capture_output=True,
             text=True,
             env=python_env(**env),
@@ -65,6 +75,17 @@ def _clean(proc: subprocess.CompletedProcess[str]) -> bool:
     return proc.returncode == 0 and "Traceback" not in proc.stderr
 
 
+def _steps_result(
+    p: Any, proc: subprocess.CompletedProcess[str], wall: float, steps: int, least: int, how: str
+) -> None:
+    """The verdict of a probe that counts step spans: a clean exit and at least ``least``
+    of them (``how``: the rest of the figure)."""
+    p.result(
+        _clean(proc) and steps >= least,
+        f"exit {proc.returncode} in {wall:.1f} s; {steps} step spans recorded {how}",
+    )
+
+
 def test_dataloader_fork_workers(probe: Any, tmp_path: Path) -> None:
     p = probe(
         "processes",
@@ -91,12 +112,8 @@ def test_dataloader_fork_workers(probe: Any, tmp_path: Path) -> None:
         otelgpu.shutdown()
         """
     )
-    steps = _spans(tmp_path)
-    p.result(
-        _clean(proc) and sum(steps.values()) >= 60,
-        f"exit {proc.returncode} in {wall:.1f} s; {sum(steps.values())} step spans recorded "
-        f"by the parent; {'traceback' if 'Traceback' in proc.stderr else 'no traceback'}",
-    )
+    tb = "traceback" if "Traceback" in proc.stderr else "no traceback"
+    _steps_result(p, proc, wall, sum(_spans(tmp_path).values()), 60, f"by the parent; {tb}")
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
@@ -131,19 +148,8 @@ def test_multiprocessing_children(probe: Any, tmp_path: Path, method: str) -> No
         """
         )
     )
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(
-            [PYTHON, str(script)], capture_output=True, text=True, env=python_env(), timeout=120
-        )
-    except subprocess.TimeoutExpired:
-        proc = subprocess.CompletedProcess([], -9, "", "[killed: timeout]")
-    wall = time.monotonic() - t0
-    steps = sum(_spans(tmp_path).values())
-    p.result(
-        _clean(proc) and steps >= 201,
-        f"exit {proc.returncode} in {wall:.1f} s; {steps} step spans recorded (≥ 201 expected)",
-    )
+    proc, wall = _run_python([str(script)])
+    _steps_result(p, proc, wall, sum(_spans(tmp_path).values()), 201, "(≥ 201 expected)")
 
 
 def test_os_exit_in_child(probe: Any, tmp_path: Path) -> None:
@@ -178,11 +184,7 @@ def test_os_exit_in_child(probe: Any, tmp_path: Path) -> None:
         print("shutdown", time.monotonic() - t)
         """
     )
-    steps = sum(_spans(tmp_path).values())
-    p.result(
-        _clean(proc) and steps >= 220,
-        f"exit {proc.returncode} in {wall:.1f} s; {steps} step spans recorded by the parent",
-    )
+    _steps_result(p, proc, wall, sum(_spans(tmp_path).values()), 220, "by the parent")
 
 
 def test_instrument_twice(probe: Any, tmp_path: Path) -> None:

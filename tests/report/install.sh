@@ -8,30 +8,13 @@
 #
 # Idempotent and fast when already installed.
 set -eu
+INSTALLER=tests/report/install.sh
+. "$(dirname "$0")/../fixtures/apt.sh"
 
-if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 \
-    && command -v tmux >/dev/null 2>&1; then
-    exit 0
-fi
+have_all chromium chromedriver tmux && exit 0
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "tests/report/install.sh: needs root to apt-get install chromium chromium-driver tmux" >&2
-    exit 1
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "tests/report/install.sh: no apt-get; install Chromium, its chromedriver and tmux" \
-         "yourself (chromium, chromedriver and tmux on PATH)" >&2
-    exit 1
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends chromium chromium-driver tmux >/dev/null
-
-for tool in chromium chromedriver tmux; do
-    command -v "$tool" >/dev/null 2>&1 || {
-        echo "tests/report/install.sh: $tool still missing after apt-get install" >&2
-        exit 1
-    }
-done
+need_apt_root "apt-get install chromium chromium-driver tmux" \
+    "install Chromium, its chromedriver and tmux yourself (chromium, chromedriver and tmux on PATH)"
+apt_install chromium chromium-driver tmux
+require_all chromium chromedriver tmux
 echo "tests/report/install.sh: $(chromium --version 2>/dev/null | head -n 1), $(tmux -V)"

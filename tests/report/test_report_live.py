@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.otel import python_env
+from fixtures.otel import python_env, steps_then_request
 from report_support import ARTIFACTS, HERE
 
 import otelgpu
@@ -48,12 +48,7 @@ def test_live_socket_is_owner_only_and_serves_snapshots(tmp_path: Path) -> None:
         assert stat.S_ISSOCK(sock.stat().st_mode)
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         assert stat.S_IMODE(live_dir.stat().st_mode) == 0o700
-        for _ in range(5):
-            with otelgpu.step(samples=8):
-                time.sleep(0.01)
-        with otelgpu.request(model="m") as r:
-            r.first_token()
-            r.tokens(3)
+        steps_then_request(5, 0.01, samples=8)
         doc = protocol.fetch(sock)
         assert doc["protocol"] == "otelgpu.live/1" and doc["pid"] == os.getpid()
         assert doc["train"]["steps"] == 5

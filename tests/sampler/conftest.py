@@ -45,18 +45,3 @@ def make_sampler(
     for sampler in made:
         assert sampler.stop(timeout_s=5.0)
         sampler.close()
-
-
-def _scenario(**gpus: Any) -> dict[str, Any]:
-    extra: dict[str, Any] = {
-        k: gpus.pop(k) for k in ("event", "driver", "gpu", "process") if k in gpus
-    }
-    base = {**SMALL_SCENARIO, "gpus": {**SMALL_SCENARIO["gpus"], **gpus}}
-    return {**base, **extra}
-
-
-@pytest.fixture
-def scenario_with() -> Callable[..., dict[str, Any]]:
-    """``scenario_with(**gpus)``: SMALL_SCENARIO with ``[gpus]`` keys (or ``driver=``,
-    ``event=``, ``process=``, ``gpu=`` tables) replaced."""
-    return _scenario

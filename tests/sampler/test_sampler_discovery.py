@@ -134,12 +134,11 @@ def test_sampler_samples_only_the_ranks_device(
 
 
 def test_a_gpu_lost_before_start_is_skipped(
-    sim_scenario: Callable[..., sim.SimGpu],
-    scenario_with: Callable[..., dict[str, object]],
+    sim_with: Callable[..., sim.SimGpu],
     make_sampler: Callable[..., BaseGpuSampler],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gpu = sim_scenario(scenario_with(event=[{"at_s": 0, "gpu": 1, "kind": "gpu_lost"}]))
+    gpu = sim_with(event=[{"at_s": 0, "gpu": 1, "kind": "gpu_lost"}])
     gpu.advance(0.5)
     with caplog.at_level(logging.WARNING, logger="otelgpu"):
         sampler = make_sampler()

@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -177,16 +176,11 @@ def test_slow_nvml_drops_rounds_and_stop_stays_bounded(
 
 
 def test_not_supported_fields_are_switched_off_and_logged_once(
-    sim_scenario: Callable[..., sim.SimGpu],
-    scenario_with: Callable[..., dict[str, Any]],
+    sim_with: Callable[..., sim.SimGpu],
     make_sampler: Callable[..., BaseGpuSampler],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gpu = sim_scenario(
-        scenario_with(
-            unsupported=["power", "energy", "ecc", "pcie", "nvlink", "clock_reasons", "fan"]
-        )
-    )
+    gpu = sim_with(unsupported=["power", "energy", "ecc", "pcie", "nvlink", "clock_reasons", "fan"])
     with caplog.at_level(logging.INFO, logger="otelgpu"):
         sampler = make_sampler()
         uuid = sampler.devices[0].uuid
@@ -215,12 +209,11 @@ def test_not_supported_fields_are_switched_off_and_logged_once(
 
 
 def test_init_failure_is_reported_not_raised(
-    sim_scenario: Callable[..., sim.SimGpu],
-    scenario_with: Callable[..., dict[str, Any]],
+    sim_with: Callable[..., sim.SimGpu],
     make_sampler: Callable[..., BaseGpuSampler],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    sim_scenario(scenario_with(driver={"init_error": "driver_not_loaded"}))
+    sim_with(driver={"init_error": "driver_not_loaded"})
     with caplog.at_level(logging.WARNING, logger="otelgpu"):
         sampler = make_sampler()
         sampler.start()

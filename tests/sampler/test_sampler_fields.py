@@ -154,13 +154,12 @@ def test_sample_status_and_unknown_device(
 
 
 def test_memory_falls_back_to_v1_without_memory_v2(
-    sim_scenario: Callable[..., sim.SimGpu],
+    sim_with: Callable[..., sim.SimGpu],
     make_sampler: Callable[..., BaseGpuSampler],
-    scenario_with: Callable[..., dict[str, Any]],
 ) -> None:
     """A driver without MemoryInfo v2 (< 515): memory is still sampled (v1, used includes
     the reserved memory), only the reserved field is off -- with NVML's reason."""
-    gpu = sim_scenario(scenario_with(unsupported=["memory_v2"]))
+    gpu = sim_with(unsupported=["memory_v2"])
     sampler = make_sampler()
     gpu.advance(1.0)
     sampler.sample_once(timestamp_ns=gpu.time_ns())

@@ -88,14 +88,18 @@ def _activity(key: str, t: float) -> float:
     return DEFAULT_RATIOS[key] * _value(UTIL, t)
 
 
-def _drive(gpu: sim.SimGpu, sampler: BaseGpuSampler, seconds: float, step_s: float = 0.1) -> int:
-    """Sample at virtual t = 0, step_s, 2 step_s… up to ``seconds``; returns t = 0's stamp."""
+def _drive(
+    gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler], seconds: float
+) -> tuple[BaseGpuSampler, str, int]:
+    """A sampler (100 ms interval) fed samples at virtual t = 0, 0.1 s, 0.2 s… up to
+    ``seconds``: the sampler, its first GPU's UUID and t = 0's stamp."""
+    sampler = make_sampler(interval_s=0.1)
     origin = gpu.time_ns()
     sampler.sample_once(timestamp_ns=origin)
-    for _ in range(round(seconds / step_s)):
-        gpu.advance(step_s)
+    for _ in range(round(seconds / 0.1)):
+        gpu.advance(0.1)
         sampler.sample_once(timestamp_ns=gpu.time_ns())
-    return origin
+    return sampler, sampler.devices[0].uuid, origin
 
 
 @pytest.mark.parametrize(("a", "b"), [(0.0, 10.0), (0.5, 3.7), (1.0, 4.0), (2.3, 7.9)])
@@ -106,9 +110,7 @@ def test_every_gpm_metric_window_equals_the_scenario(
     b: float,
 ) -> None:
     gpu = sim_scenario(GPM_SCENARIO)
-    sampler = make_sampler(interval_s=0.1)
-    origin = _drive(gpu, sampler, 10.0)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, origin = _drive(gpu, make_sampler, 10.0)
     w = sampler.window(uuid, origin + round(a * 1e9), origin + round(b * 1e9))
     assert w is not None
     util = _mean(lambda t: _value(UTIL, t), a, b)
@@ -201,9 +203,7 @@ def test_gpm_unsupported_devices_degrade_clearly(
             "gpus": {"count": 1, "model": model, "utilization": 80, **extra},
         }
     )
-    sampler = make_sampler(interval_s=0.1)
-    origin = _drive(gpu, sampler, 1.0)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, origin = _drive(gpu, make_sampler, 1.0)
     w = sampler.window(uuid, origin, origin + 1_000_000_000)
     assert w is not None and w.gpu_util_mean_pct == 80.0  # the rest is still sampled
     for field in ("graphics_activity_pct", *ACTIVITY_FIELDS, *H100_BPS):
@@ -235,9 +235,7 @@ def test_memory_bound_scenario_high_utilization_low_tensor_activity(
     sim_scenario: Callable[..., sim.SimGpu], make_sampler: Callable[..., BaseGpuSampler]
 ) -> None:
     gpu = sim_scenario("memory-bound-decode")
-    sampler = make_sampler(interval_s=0.1)
-    origin = _drive(gpu, sampler, 3.0)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, origin = _drive(gpu, make_sampler, 3.0)
     w = sampler.window(uuid, origin + 1_000_000_000, origin + 3_000_000_000)
     assert w is not None
     assert w.gpu_util_mean_pct == 95.0
@@ -254,9 +252,7 @@ def test_data_starved_steps_sm_activity_collapses_while_utilization_stays(
     sim_scenario: Callable[..., sim.SimGpu], make_sampler: Callable[..., BaseGpuSampler]
 ) -> None:
     gpu = sim_scenario("data-starved-steps")
-    sampler = make_sampler(interval_s=0.1)
-    origin = _drive(gpu, sampler, 10.0)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, origin = _drive(gpu, make_sampler, 10.0)
     stall = sampler.window(uuid, origin, origin + 3_000_000_000)  # the stall: [0, 3) s
     busy = sampler.window(uuid, origin + 3_000_000_000, origin + 10_000_000_000)
     assert stall is not None and busy is not None
@@ -278,9 +274,7 @@ def test_gpm_without_permission_is_switched_off_with_the_reason(
             "gpus": {"count": 1, "model": "H100-SXM", "utilization": 80, "gpm_no_permission": True},
         }
     )
-    sampler = make_sampler(interval_s=0.1)
-    origin = _drive(gpu, sampler, 1.0)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, origin = _drive(gpu, make_sampler, 1.0)
     w = sampler.window(uuid, origin, origin + 1_000_000_000)
     assert w is not None and w.gpu_util_mean_pct == 80.0 and w.sm_activity_pct is None
     latest = sampler.latest(uuid)

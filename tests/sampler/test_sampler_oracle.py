@@ -90,11 +90,10 @@ def oracle(retained: list[GpuSample], s: int, e: int) -> dict[str, Any] | None:
 
 
 def test_windows_match_a_naive_reference(
-    sim_scenario: Callable[..., sim.SimGpu],
-    scenario_with: Callable[..., dict[str, Any]],
+    sim_with: Callable[..., sim.SimGpu],
     make_sampler: Callable[..., BaseGpuSampler],
 ) -> None:
-    gpu = sim_scenario(scenario_with(**VARIED))
+    gpu = sim_with(**VARIED)
     sampler = make_sampler(interval_s=0.1, history_s=2.0)  # 21 slots: the ring wraps
     uuid = sampler.devices[0].uuid
     rng = random.Random(11)
@@ -175,11 +174,10 @@ def test_concurrent_readers_see_consistent_rings(
 
 
 def test_driver_without_events(
-    sim_scenario: Callable[..., sim.SimGpu],
-    scenario_with: Callable[..., dict[str, Any]],
+    sim_with: Callable[..., sim.SimGpu],
     make_sampler: Callable[..., BaseGpuSampler],
 ) -> None:
-    gpu = sim_scenario(scenario_with(unsupported=["events"]))
+    gpu = sim_with(unsupported=["events"])
     sampler = make_sampler(interval_s=0.02)
     sampler.start()
     assert sampler.running and not sampler.events_supported

@@ -15,13 +15,18 @@ from otelgpu.sampler import BaseGpuSampler, NativeGpuSampler
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _fill(gpu: sim.SimGpu, sampler: BaseGpuSampler, n: int = 30) -> list[int]:
+def _filled(
+    gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> tuple[BaseGpuSampler, str, list[int]]:
+    """A sampler fed 30 samples 100 ms apart (virtual clock): the sampler, its first GPU's
+    UUID and the samples' stamps."""
+    sampler = make_sampler()
     stamps = []
-    for _ in range(n):
+    for _ in range(30):
         stamps.append(gpu.time_ns())
         sampler.sample_once(timestamp_ns=stamps[-1])
         gpu.advance(0.1)
-    return stamps
+    return sampler, sampler.devices[0].uuid, stamps
 
 
 @pytest.mark.parametrize(
@@ -33,9 +38,7 @@ def test_sampler_queries_with_non_time_bounds_answer_nothing(
     make_sampler: Callable[..., BaseGpuSampler],
     bounds: tuple[object, object],
 ) -> None:
-    sampler = make_sampler()
-    _fill(sim_gpu, sampler)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, _ = _filled(sim_gpu, make_sampler)
     assert sampler.window(uuid, *bounds) is None  # type: ignore[arg-type]
     assert sampler.windows(*bounds) == {}  # type: ignore[arg-type]
     assert sampler.events(*bounds) == []  # type: ignore[arg-type]
@@ -45,9 +48,7 @@ def test_sampler_queries_with_non_time_bounds_answer_nothing(
 def test_sampler_window_beyond_int64_is_clamped_not_raised(
     sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
 ) -> None:
-    sampler = make_sampler()
-    stamps = _fill(sim_gpu, sampler)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, stamps = _filled(sim_gpu, make_sampler)
     # Beyond the int64 range: the native core used to raise OverflowError.
     whole = sampler.window(uuid, -(1 << 70), 1 << 70)
     clamped = sampler.window(uuid, INT64_MIN, INT64_MAX)
@@ -68,9 +69,7 @@ def test_sampler_window_over_the_whole_int64_range_has_positive_energy(
     sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
 ) -> None:
     """e_ns - s_ns overflowed int64 in the native core: the energy came out negative."""
-    sampler = make_sampler()
-    stamps = _fill(sim_gpu, sampler)
-    uuid = sampler.devices[0].uuid
+    sampler, uuid, stamps = _filled(sim_gpu, make_sampler)
     w = sampler.window(uuid, INT64_MIN, INT64_MAX)
     ref = sampler.window(uuid, stamps[0], stamps[-1])
     assert w is not None and ref is not None and ref.energy_j is not None

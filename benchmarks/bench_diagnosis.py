@@ -268,7 +268,7 @@ model, opt, loader = _setup(hidden, batch, steps)
 _epoch(model, opt, loader)
 plain = []
 for _ in range(reps):
-    plain.extend(_epoch(model, opt, loader))
+    plain.extend(_epoch(model, opt, loader)[0])
 import traceml_ai as traceml
 traceml.init(mode="auto", aggregator_host="127.0.0.1", aggregator_port=port, logs_dir=logs,
              ui_mode="summary", on_missing_aggregator="raise", session_id="bench")
@@ -476,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 inst = _instrument(runtime, mode == "otelgpu+diagnosis", factory)
             try:
                 c0, t0 = time.process_time(), time.thread_time()
-                steps = _epoch(model, opt, loader)
+                steps, _ = _epoch(model, opt, loader)
                 t1 = time.thread_time()
                 if inst is not None:
                     f0 = time.perf_counter()

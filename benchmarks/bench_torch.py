@@ -54,9 +54,10 @@ def _runtime() -> Any:
     return Runtime(Settings(gpu=False), tracer_provider=tp, meter_provider=mp), reader
 
 
-def _exporting_runtime(directory: str) -> tuple[Any, Any]:
-    """A runtime built by ``otelgpu.instrument()`` exporting every step span to the local
-    recording (OTLP/JSON, otelgpu's export thread), metrics to an in-memory reader."""
+def _exporting_runtime(directory: str, step_spans_per_second: int = 0) -> tuple[Any, Any]:
+    """A runtime built by ``otelgpu.instrument()`` exporting step spans to the local
+    recording (OTLP/JSON, otelgpu's export thread), metrics to an in-memory reader: every
+    step span (``step_spans_per_second=0``), or the tail-keeping sampling's choice."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -69,7 +70,7 @@ def _exporting_runtime(directory: str) -> tuple[Any, Any]:
         recording_dir=directory,
         gpu=False,
         frameworks="none",
-        step_spans_per_second=0,  # every step span exported: the whole cost
+        step_spans_per_second=step_spans_per_second,
         span_schedule_delay_ms=200,
     )
     return handle.runtime, reader
@@ -197,12 +198,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="export every step span to a local recording in DIR (writes results/torch-export.md)",
     )
+    parser.add_argument(
+        "--step-spans-per-second",
+        type=int,
+        default=0,
+        help="with --export: tail-keeping sampling of step spans (otelgpu's default is 100; "
+        "0 exports every span, the whole cost; writes results/torch-export-sampled.md)",
+    )
     args = parser.parse_args(argv)
 
     from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 
     torch.set_num_threads(1)
-    runtime, reader = _runtime() if args.export is None else _exporting_runtime(args.export)
+    runtime, reader = (
+        _runtime()
+        if args.export is None
+        else _exporting_runtime(args.export, args.step_spans_per_second)
+    )
     model, opt, loader = _setup(args.hidden, args.batch, args.steps)
     _epoch(model, opt, loader)  # warm-up: allocator, AdamW state
     inst = TorchInstrumentor()
@@ -274,9 +286,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             ""
             if args.export is None
             else "**Export included**: the runtime is built by `otelgpu.instrument()` and "
-            "every step span is exported to the local recording (OTLP/JSON, otelgpu's "
-            "sliced encoder, `step_spans_per_second=0`), flushed inside each timed "
-            "repetition. "
+            + (
+                "every step span is exported"
+                if not args.step_spans_per_second
+                else "step spans are exported as the default tail-keeping sampling keeps them "
+                f"(`step_spans_per_second={args.step_spans_per_second}`: slow, failed and "
+                "GPU-health steps always, the rest up to that rate; a step sampled out gets "
+                "no span at all, its metrics stay exact)"
+            )
+            + " to the local recording (OTLP/JSON, otelgpu's sliced encoder, "
+            f"`step_spans_per_second={args.step_spans_per_second}`), flushed inside each "
+            "timed repetition. "
         )
         + f"{args.reps} interleaved repetitions of {args.steps} steps per mode, each "
         "instrumented repetition a fresh `instrument()`; the first "
@@ -294,7 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         f"**Overhead: {overhead * 100:+.2f} %** ({per_step_us:+.1f} µs per step; target < "
         f"{TARGET * 100:.0f} %). Steps recorded: {steps_recorded} of {expected_steps} "
-        "(every step has a span and metrics).",
+        + (
+            "(every step has a span and metrics)."
+            if not (args.export and args.step_spans_per_second)
+            else "(every step has metrics)."
+        ),
         "",
         f"Start-up, once per `instrument()`: **{startup_ms:+.1f} ms** (median over the "
         f"repetitions of `instrument()` plus the first {settle} steps, minus the same steps "
@@ -324,7 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        out = RESULTS if args.export is None else RESULTS.with_name("torch-export.md")
+        name = "torch.md" if args.export is None else "torch-export.md"
+        if args.export is not None and args.step_spans_per_second:
+            name = "torch-export-sampled.md"
+        out = RESULTS.with_name(name)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     return 0 if ok else 1

@@ -93,13 +93,8 @@ class _SpanScope:
     async def __aenter__(self: _Scope) -> _Scope:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._exit(exc)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.__exit__(*exc_info)  # the block's end: the same as a sync one's
 
     def _exit(self, exc: BaseException | None) -> None:
         self.end_ns = time.time_ns()
@@ -126,7 +121,8 @@ class StepContext(_SpanScope):
     the duration into the ``otelgpu.train.step.duration`` sketch, and the counters.
     ``s.samples`` / ``s.tokens`` may be set inside the block (e.g. once the batch is known).
     Counts that are out of range (negative, NaN, infinite, over 2**53) are dropped and
-    counted in ``otelgpu.internal.rejected``, never raised.
+    counted in ``otelgpu.internal.rejected``, never raised. ``flops``: model FLOPs of the
+    step (e.g. from ``otelgpu.gpu_truth.flops``), for ``otelgpu.train.mfu``.
     """
 
     __slots__ = ("attributes", "flops", "samples", "step", "tokens")
@@ -170,20 +166,9 @@ class StepContext(_SpanScope):
         )
 
 
-def step(
-    samples: float | None = None,
-    tokens: float | None = None,
-    *,
-    step: int | None = None,
-    attributes: Mapping[str, Any] | None = None,
-    flops: float | None = None,
-) -> StepContext:
-    """A training step (context manager, sync or async); see :class:`StepContext`.
-
-    ``flops``: model FLOPs of the step (e.g. from ``otelgpu.gpu_truth.flops``), for
-    ``otelgpu.train.mfu``.
-    """
-    return StepContext(samples, tokens, step=step, attributes=attributes, flops=flops)
+step = StepContext
+"""A training step (context manager, sync or async): the class itself, so the call and
+the ``with`` target share one signature; see :class:`StepContext`."""
 
 
 # ============================================================================ request
@@ -314,18 +299,22 @@ class RequestContext(_SpanScope):
         return None if ft is None else (ft - self._start_ns) / 1e9
 
     # ---------------------------------------------------------------- span scope
-    def _start(self, runtime: Runtime) -> trace.Span:
-        return runtime.start_request_span(
-            RequestRecord(
-                self._start_ns,
-                self._start_ns,
-                model=self.model,
-                operation=self.operation,
-                provider=self.provider,
-                server_address=self.server_address,
-                server_port=self.server_port,
-            )
+    def _record(self, end_ns: int, **outcome: Any) -> RequestRecord:
+        """The request as recorded: what names it (model, operation, provider, server),
+        as it stands now (the block may change it), and ``outcome``'s fields."""
+        return RequestRecord(
+            self._start_ns,
+            end_ns,
+            model=self.model,
+            operation=self.operation,
+            provider=self.provider,
+            server_address=self.server_address,
+            server_port=self.server_port,
+            **outcome,
         )
+
+    def _start(self, runtime: Runtime) -> trace.Span:
+        return runtime.start_request_span(self._record(self._start_ns))
 
     def _exited(self, exc: BaseException | None) -> None:
         if exc is not None and self._outcome == "ok":
@@ -340,12 +329,8 @@ class RequestContext(_SpanScope):
             queue_time_s = (self._scheduled_ns - self._start_ns) / 1e9
         runtime.finish_request(
             span,
-            RequestRecord(
-                self._start_ns,
+            self._record(
                 self.end_ns or self._start_ns,
-                model=self.model,
-                operation=self.operation,
-                provider=self.provider,
                 first_token_ns=self._first_token_ns,
                 output_tokens=self._output_tokens,
                 input_tokens=self._input_tokens,
@@ -356,32 +341,13 @@ class RequestContext(_SpanScope):
                 exception=exc,
                 response_id=self._response_id,
                 response_model=self._response_model,
-                server_address=self.server_address,
-                server_port=self.server_port,
             ),
         )
 
 
-def request(
-    model: str | None = None,
-    *,
-    operation: str = DEFAULT_OPERATION,
-    provider: str = DEFAULT_PROVIDER,
-    queue_time_s: float | None = None,
-    attributes: Mapping[str, Any] | None = None,
-    server_address: str | None = None,
-    server_port: int | None = None,
-) -> RequestContext:
-    """An inference request (context manager, sync or async); see :class:`RequestContext`."""
-    return RequestContext(
-        model,
-        operation=operation,
-        provider=provider,
-        queue_time_s=queue_time_s,
-        attributes=attributes,
-        server_address=server_address,
-        server_port=server_port,
-    )
+request = RequestContext
+"""An inference request (context manager, sync or async): the class itself; see
+:class:`RequestContext`."""
 
 
 __all__ = ["RequestContext", "StepContext", "request", "step"]

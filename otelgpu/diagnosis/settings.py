@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from otelgpu.diagnosis import environment_variables as ev
 from otelgpu.errors import ConfigurationError
@@ -18,6 +18,7 @@ exchange runs on its own thread, so its host cost is a summary build and a queue
 per window; at 5 ms steps and 50 steps the window is 250 ms, long enough for the GPU
 sampler (10 Hz) to have a few samples per rank in each window."""
 
+_N = TypeVar("_N", int, float)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -50,6 +51,21 @@ def _bool(value: Any, where: str) -> bool:
     raise ConfigurationError(where, value, "true or false")
 
 
+def _number(
+    value: Any, where: str, kind: Callable[[Any], _N], expected: str, ok: Callable[[_N], bool]
+) -> _N:
+    """``value`` (not a bool) as a ``kind`` that is ``ok``, else ``ConfigurationError``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        number = kind(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not ok(number):
+        raise ConfigurationError(where, value, expected)
+    return number
+
+
 def resolve(
     kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> DiagnosisSettings:
@@ -63,27 +79,12 @@ def resolve(
     value, where = _raw(kwargs, env, "exchange_every", ev.OTELGPU_DIAGNOSIS_EXCHANGE_EVERY)
     every = d.exchange_every
     if value is not None:
-        try:
-            if isinstance(value, bool):
-                raise TypeError(value)
-            every = int(value)
-            if every < 0:
-                raise ValueError(value)
-        except (TypeError, ValueError):
-            raise ConfigurationError(where, value, "an integer >= 0 (0: no exchange)") from None
-    value, where = _raw(
-        kwargs, env, "straggler_threshold", ev.OTELGPU_DIAGNOSIS_STRAGGLER_THRESHOLD
-    )
+        every = _number(value, where, int, "an integer >= 0 (0: no exchange)", lambda n: n >= 0)
+    var = ev.OTELGPU_DIAGNOSIS_STRAGGLER_THRESHOLD
+    value, where = _raw(kwargs, env, "straggler_threshold", var)
     threshold = d.straggler_threshold
-    if value is not None:
-        try:
-            if isinstance(value, bool):
-                raise TypeError(value)
-            threshold = float(value)
-            if not threshold > 0 or threshold != threshold:
-                raise ValueError(value)
-        except (TypeError, ValueError):
-            raise ConfigurationError(where, value, "a number > 0 (e.g. 0.1)") from None
+    if value is not None:  # NaN is not > 0
+        threshold = _number(value, where, float, "a number > 0 (e.g. 0.1)", lambda t: t > 0)
     value, where = _raw(kwargs, env, "baseline", ev.OTELGPU_BASELINE)
     baseline = None
     if value is not None:

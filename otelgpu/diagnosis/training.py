@@ -459,28 +459,17 @@ class TrainingDiagnosis:
             return out
         try:
             windows = sampler.windows(first, last)
-            temps = [
-                w.temperature_max_c
-                for w in windows.values()
-                if w and w.temperature_max_c is not None
-            ]
-            fracs = [
-                w.throttled_fraction
-                for w in windows.values()
-                if w and w.throttled_fraction is not None
-            ]
-            reasons = sorted(
-                {r for w in windows.values() if w for r in w.throttle_reason_names} - {"gpu_idle"}
-            )
-            xids = sorted({x for w in windows.values() if w for x in w.xids})
-            if temps:
-                out["temperature_max_c"] = max(temps)
-            if fracs:
-                out["throttled_fraction"] = max(fracs)
-            if reasons:
-                out["throttle_reasons"] = reasons
-            if xids:
-                out["xids"] = xids
+            seen = [w for w in windows.values() if w]
+            temps = [w.temperature_max_c for w in seen if w.temperature_max_c is not None]
+            fracs = [w.throttled_fraction for w in seen if w.throttled_fraction is not None]
+            reasons = {r for w in seen for r in w.throttle_reason_names} - {"gpu_idle"}
+            found = {  # None, or an empty list: nothing seen, no key
+                "temperature_max_c": max(temps, default=None),
+                "throttled_fraction": max(fracs, default=None),
+                "throttle_reasons": sorted(reasons),
+                "xids": sorted({x for w in seen for x in w.xids}),
+            }
+            out.update((k, v) for k, v in found.items() if v is not None and v != [])
             out["gpus"] = sorted(windows)
             counts = rt.health_counts() if hasattr(rt, "health_counts") else {}
             health: dict[str, int] = {}

@@ -26,6 +26,7 @@ keep is guarded by one lock. A failing callback logs once and reports nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -94,28 +95,17 @@ class GpuMetricsHandle:
         self._xid_cursor_ns = 0
         callbacks: dict[str, Callable[[], Iterable[Observation]]] = {
             N.GPU_UTILIZATION.name: self._utilization,
-            N.GPU_MEMORY_USAGE.name: self._memory_usage,
-            N.GPU_MEMORY_LIMIT.name: self._memory_limit,
             N.GPU_MEMORY_UTILIZATION.name: self._memory_utilization,
-            N.POWER.name: self._power,
-            N.ENERGY.name: self._energy,
             N.TEMPERATURE.name: self._temperature,
-            N.GPU_IO.name: self._pcie_io,
+            N.GPU_IO.name: lambda: self._io("pcie_tx_bytes", "pcie_rx_bytes"),
             N.ERRORS.name: self._errors,
             N.STATUS.name: self._status,
-            N.MEMORY_CONTROLLER_UTILIZATION.name: self._memory_controller,
             N.MEMORY_WATERMARK.name: self._watermark,
-            N.CLOCK_SM.name: self._clock_sm,
-            N.CLOCK_MEMORY.name: self._clock_memory,
             N.THROTTLE_FRACTION.name: self._throttle_fraction,
             N.THROTTLE_TIME.name: self._throttle_time,
             N.XID.name: self._xids,
-            N.NVLINK_IO.name: self._nvlink_io,
-            N.FAN_SPEED.name: self._fan,
-            N.PSTATE.name: self._pstate,
-            N.GPU_MEMORY_RESERVED.name: self._memory_reserved,
+            N.NVLINK_IO.name: lambda: self._io("nvlink_tx_bytes", "nvlink_rx_bytes"),
             N.TEMPERATURE_LIMIT.name: self._temperature_limit,
-            N.PCIE_REPLAYS.name: self._pcie_replays,
             N.REMAPPED_ROWS.name: self._remapped_rows,
             N.GRAPHICS_ACTIVITY.name: lambda: self._gpm(("graphics_activity_pct", {})),
             N.SM_ACTIVITY.name: lambda: self._gpm(("sm_activity_pct", {})),
@@ -125,6 +115,8 @@ class GpuMetricsHandle:
             N.PIPE_ACTIVITY.name: lambda: self._gpm(*_PIPES),
             N.SAMPLER_DROPPED.name: self._dropped,
         }
+        for name, (field, scale) in _GAUGES.items():
+            callbacks[name] = functools.partial(self._gauge, field, scale)
         self.instruments: dict[str, Any] = {}
         self._callbacks: dict[str, Callback] = {}
         for spec in (*N.GPU_METRICS, *N.SAMPLER_METRICS):
@@ -208,22 +200,10 @@ class GpuMetricsHandle:
                 if value is not None:
                     yield Observation(value * 0.01, {**attrs, "hw.gpu.task": task})
 
-    def _memory_usage(self) -> Iterable[Observation]:
-        return self._gauge("memory_used_bytes")
-
-    def _memory_limit(self) -> Iterable[Observation]:
-        return self._gauge("memory_total_bytes")
-
     def _memory_utilization(self) -> Iterable[Observation]:
         for _uuid, attrs, s in self._samples():
             if s.memory_used_bytes is not None and s.memory_total_bytes:
                 yield Observation(s.memory_used_bytes / s.memory_total_bytes, attrs)
-
-    def _power(self) -> Iterable[Observation]:
-        return self._gauge("power_w")
-
-    def _energy(self) -> Iterable[Observation]:
-        return self._gauge("energy_mj", 0.001)
 
     def _temperature(self) -> Iterable[Observation]:
         yield from self._gauge("temperature_c", 1.0, **{"hw.sensor_location": "gpu"})
@@ -239,12 +219,6 @@ class GpuMetricsHandle:
             ):
                 if value is not None:
                     yield Observation(value, {**attrs, key: kind})
-
-    def _memory_reserved(self) -> Iterable[Observation]:
-        return self._gauge("memory_reserved_bytes")
-
-    def _pcie_replays(self) -> Iterable[Observation]:
-        return self._gauge("pcie_replay_count")
 
     def _remapped_rows(self) -> Iterable[Observation]:
         for _uuid, attrs, s in self._samples():
@@ -281,12 +255,6 @@ class GpuMetricsHandle:
                 value = getattr(s, field)
                 if value is not None:
                     yield Observation(value, {**attrs, "network.io.direction": direction})
-
-    def _pcie_io(self) -> Iterable[Observation]:
-        return self._io("pcie_tx_bytes", "pcie_rx_bytes")
-
-    def _nvlink_io(self) -> Iterable[Observation]:
-        return self._io("nvlink_tx_bytes", "nvlink_rx_bytes")
 
     def _errors(self) -> Iterable[Observation]:
         for _uuid, attrs, s in self._samples():
@@ -325,9 +293,6 @@ class GpuMetricsHandle:
             return "degraded"
         return "ok"
 
-    def _memory_controller(self) -> Iterable[Observation]:
-        return self._gauge("memory_util_pct", 0.01)
-
     def _watermark(self) -> Iterable[Observation]:
         now = self._sampler.now_ns()
         for uuid, attrs, _s in self._samples():
@@ -335,12 +300,6 @@ class GpuMetricsHandle:
             stats = self._sampler.window(uuid, start, now)
             if stats is not None and stats.memory_used_peak_bytes is not None:
                 yield Observation(stats.memory_used_peak_bytes, attrs)
-
-    def _clock_sm(self) -> Iterable[Observation]:
-        return self._gauge("sm_clock_mhz", 1e6)
-
-    def _clock_memory(self) -> Iterable[Observation]:
-        return self._gauge("memory_clock_mhz", 1e6)
 
     def _throttle_fraction(self) -> Iterable[Observation]:
         now = self._sampler.now_ns()
@@ -381,15 +340,24 @@ class GpuMetricsHandle:
             if attrs is not None:
                 yield Observation(count, {**attrs, "otelgpu.gpu.xid.code": code})
 
-    def _fan(self) -> Iterable[Observation]:
-        return self._gauge("fan_speed_pct", 0.01)
-
-    def _pstate(self) -> Iterable[Observation]:
-        return self._gauge("pstate")
-
     def _dropped(self) -> Iterable[Observation]:
         yield Observation(self._sampler.dropped)
 
+
+#: The instruments that report one field of the newest sample: (field, scale).
+_GAUGES: dict[str, tuple[str, float]] = {
+    N.GPU_MEMORY_USAGE.name: ("memory_used_bytes", 1.0),
+    N.GPU_MEMORY_LIMIT.name: ("memory_total_bytes", 1.0),
+    N.POWER.name: ("power_w", 1.0),
+    N.ENERGY.name: ("energy_mj", 0.001),
+    N.GPU_MEMORY_RESERVED.name: ("memory_reserved_bytes", 1.0),
+    N.PCIE_REPLAYS.name: ("pcie_replay_count", 1.0),
+    N.MEMORY_CONTROLLER_UTILIZATION.name: ("memory_util_pct", 0.01),
+    N.CLOCK_SM.name: ("sm_clock_mhz", 1e6),
+    N.CLOCK_MEMORY.name: ("memory_clock_mhz", 1e6),
+    N.FAN_SPEED.name: ("fan_speed_pct", 0.01),
+    N.PSTATE.name: ("pstate", 1.0),
+}
 
 _TENSOR_PIPES: tuple[tuple[str, dict[str, str]], ...] = tuple(
     (f"{field}_pct", {"otelgpu.gpu.tensor.pipe": pipe})

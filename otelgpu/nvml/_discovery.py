@@ -63,16 +63,11 @@ class PhysicalGpu:
 
 
 def _device_info(gpu: PhysicalGpu, cuda_index: int | None) -> DeviceInfo:
+    # DeviceInfo's fields in their order: the GPU's own, but for its CUDA ordinal.
     return DeviceInfo(
-        uuid=gpu.uuid,
-        nvml_index=gpu.nvml_index,
-        cuda_index=cuda_index,
-        name=gpu.name,
-        pci_bus_id=gpu.pci_bus_id,
-        memory_total_bytes=gpu.memory_total_bytes,
-        compute_capability=gpu.compute_capability,
-        details=gpu.extra,
-    )
+        gpu.uuid, gpu.nvml_index, cuda_index, gpu.name, gpu.pci_bus_id,
+        gpu.memory_total_bytes, gpu.compute_capability, details=gpu.extra,
+    )  # fmt: skip
 
 
 def _mig_info(gpu: PhysicalGpu, mig: MigInstance, cuda_index: int | None) -> DeviceInfo:

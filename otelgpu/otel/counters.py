@@ -69,14 +69,10 @@ class LocalCounter:
             if not 0 <= amount <= _MAX_AMOUNT:
                 raise ValueError(f"{self.name}: amount must be in [0, 2**53], got {amount!r}")
             key = _freeze(attributes) if attributes else _EMPTY_KEY
-            with self._lock:
-                entry = self._values.get(key)
-                if entry is None:
-                    entry = self._new_entry(key, attributes)
-                entry[1] += amount
         except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
-            if self._stats is not None:
-                self._stats.report_error(f"counter {self.name}", exc)
+            self._dropped(exc)
+            return
+        self._accumulate(amount, key, attributes)
 
     def add_frozen(self, amount: int, key: Any, attributes: Mapping[str, Any]) -> None:
         """:meth:`add` of a plain non-negative ``int`` with the attribute set's key known.
@@ -88,6 +84,10 @@ class LocalCounter:
         if type(amount) is not int or not 0 <= amount <= _MAX_AMOUNT:
             self.add(amount, attributes)
             return
+        self._accumulate(amount, key, attributes)
+
+    def _accumulate(self, amount: float, key: Any, attributes: Mapping[str, Any] | None) -> None:
+        """Add a checked ``amount`` to the attribute set ``key``. Never raises."""
         try:
             with self._lock:
                 entry = self._values.get(key)
@@ -95,8 +95,11 @@ class LocalCounter:
                     entry = self._new_entry(key, attributes)
                 entry[1] += amount
         except Exception as exc:  # noqa: BLE001 - hot path: count, never raise
-            if self._stats is not None:
-                self._stats.report_error(f"counter {self.name}", exc)
+            self._dropped(exc)
+
+    def _dropped(self, exc: Exception) -> None:
+        if self._stats is not None:
+            self._stats.report_error(f"counter {self.name}", exc)
 
     def _new_entry(self, key: Any, attributes: Mapping[str, Any] | None) -> list[Any]:
         """The entry of a new attribute set, or the overflow one (caller holds the lock)."""

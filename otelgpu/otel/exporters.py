@@ -22,7 +22,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.sdk.metrics import (
     Counter,
@@ -153,14 +153,36 @@ def _stop_inner(inner: Any) -> None:
     threading.Thread(target=stop, name="otelgpu-exporter-stop", daemon=True).start()
 
 
-class GuardedSpanExporter(SpanExporter):
+_Inner = TypeVar("_Inner", SpanExporter, MetricExporter)
+
+
+class _Guard(Generic[_Inner]):
+    """What both guarded exporters share: the process that made them (a forked child
+    only counts what it would have sent) and the export in flight, which shutdown may
+    give up on (:meth:`abandon`)."""
+
+    def _guard(self, inner: _Inner, stats: InternalStats, signal: str) -> None:
+        self.inner: _Inner = inner
+        self._stats = stats
+        self._pid = os.getpid()
+        self._in_flight = _InFlight(stats, signal)
+
+    def abandon(self) -> None:
+        """Shutdown gave up: count the export in flight as dropped, stop the exporter."""
+        if not self._in_flight.abandoned:
+            self._in_flight.abandon()
+            _stop_inner(self.inner)
+
+    def _may_shut_inner(self) -> bool:
+        """Not a forked child's copy, nor an exporter already stopped by :meth:`abandon`."""
+        return os.getpid() == self._pid and not self._in_flight.abandoned
+
+
+class GuardedSpanExporter(_Guard[SpanExporter], SpanExporter):
     """Fork guard and failure counting around a span exporter."""
 
     def __init__(self, inner: SpanExporter, stats: InternalStats) -> None:
-        self.inner = inner
-        self._stats = stats
-        self._pid = os.getpid()
-        self._in_flight = _InFlight(stats, "traces")
+        self._guard(inner, stats, "traces")
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         return self._guarded(spans, lambda: self.inner.export(spans))
@@ -207,21 +229,15 @@ class GuardedSpanExporter(SpanExporter):
             self._stats.add_dropped("traces", "export_failed", n)
         return result
 
-    def abandon(self) -> None:
-        """Shutdown gave up: count the export in flight as dropped, stop the exporter."""
-        if not self._in_flight.abandoned:
-            self._in_flight.abandon()
-            _stop_inner(self.inner)
-
     def shutdown(self) -> None:
-        if os.getpid() == self._pid and not self._in_flight.abandoned:
+        if self._may_shut_inner():
             self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
 
 
-class GuardedMetricExporter(MetricExporter):
+class GuardedMetricExporter(_Guard[MetricExporter], MetricExporter):
     """Fork guard, failure counting and sketch histograms around a metric exporter."""
 
     def __init__(
@@ -233,11 +249,8 @@ class GuardedMetricExporter(MetricExporter):
         sketch_metrics: Callable[[], Sequence[Metric]] | None = None,
     ) -> None:
         super().__init__(preferred_temporality=temporality)
-        self.inner = inner
-        self._stats = stats
+        self._guard(inner, stats, "metrics")
         self._sketch_metrics = sketch_metrics
-        self._pid = os.getpid()
-        self._in_flight = _InFlight(stats, "metrics")
         self._send = metric_encoding.sliced_sender(inner)
 
     def export(
@@ -268,12 +281,6 @@ class GuardedMetricExporter(MetricExporter):
             self._stats.add_dropped("metrics", "export_failed", n)
         return result
 
-    def abandon(self) -> None:
-        """Shutdown gave up: count the export in flight as dropped, stop the exporter."""
-        if not self._in_flight.abandoned:
-            self._in_flight.abandon()
-            _stop_inner(self.inner)
-
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
 
@@ -283,7 +290,7 @@ class GuardedMetricExporter(MetricExporter):
         timeout = kwargs.get("timeout")
         if isinstance(timeout, int | float) and timeout >= 0:
             timeout_millis = min(timeout_millis, timeout)
-        if os.getpid() == self._pid and not self._in_flight.abandoned:
+        if self._may_shut_inner():
             self.inner.shutdown(timeout_millis=timeout_millis)
 
 

@@ -41,10 +41,6 @@ PHASE_ATTRIBUTES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 PHASE_PREFIX = "otelgpu.train.phase."
 
-#: Shares above which a run is called bound by that phase.
-INPUT_BOUND_SHARE = 0.15
-COMM_BOUND_SHARE = 0.15
-CHECKPOINT_BOUND_SHARE = 0.10
 ERROR_RATE_ALERT = 0.05
 
 GPU_GAUGES = {
@@ -459,6 +455,33 @@ def _pct(x: float) -> str:
     return f"{x * 100:.0f} %"
 
 
+#: The phases that make a run "bound" by them, checked in this order: (phase, share of
+#: step time above which the run is called bound by it, label, what it did, advice).
+_PHASE_BOUND = (
+    (
+        "data",
+        0.15,
+        "INPUT-BOUND",
+        "input wait took",
+        "increase DataLoader workers, prefetch or storage throughput",
+    ),
+    (
+        "communication",
+        0.15,
+        "COMMUNICATION-BOUND",
+        "collectives blocked",
+        "overlap communication with compute, check the interconnect and slow ranks",
+    ),
+    (
+        "checkpoint",
+        0.10,
+        "CHECKPOINT-BOUND",
+        "checkpoint writes took",
+        "checkpoint less often or asynchronously, or to faster storage",
+    ),
+)
+
+
 def training_verdict(t: Training) -> Verdict:
     shares = {p: share for p, _s, share in t.phases}
     evidence = [f"{p} {_pct(share)}" for p, _s, share in t.phases if share >= 0.005]
@@ -468,27 +491,10 @@ def training_verdict(t: Training) -> Verdict:
             f"GPU clocks throttled during {_pct(t.throttled_step_share)} of steps"
             + (f" ({', '.join(t.throttle_reasons)})" if t.throttle_reasons else "")
         )
-    if shares.get("data", 0) >= INPUT_BOUND_SHARE:
-        v = Verdict(
-            "INPUT-BOUND",
-            f"input wait took {_pct(shares['data'])} of step time",
-            "increase DataLoader workers, prefetch or storage throughput",
-            evidence,
-        )
-    elif shares.get("communication", 0) >= COMM_BOUND_SHARE:
-        v = Verdict(
-            "COMMUNICATION-BOUND",
-            f"collectives blocked {_pct(shares['communication'])} of step time",
-            "overlap communication with compute, check the interconnect and slow ranks",
-            evidence,
-        )
-    elif shares.get("checkpoint", 0) >= CHECKPOINT_BOUND_SHARE:
-        v = Verdict(
-            "CHECKPOINT-BOUND",
-            f"checkpoint writes took {_pct(shares['checkpoint'])} of step time",
-            "checkpoint less often or asynchronously, or to faster storage",
-            evidence,
-        )
+    bound = next((b for b in _PHASE_BOUND if shares.get(b[0], 0) >= b[1]), None)
+    if bound is not None:
+        phase, _share, label, what, advice = bound
+        v = Verdict(label, f"{what} {_pct(shares[phase])} of step time", advice, evidence)
     elif shares:
         compute = sum(shares.get(p, 0) for p in ("compute", "forward", "backward", "optimizer"))
         v = Verdict(

@@ -160,6 +160,49 @@ def _ns(seconds: float) -> int:
     return round(seconds * 1e9)
 
 
+# The device lines of the sim's config written from one scenario field each, scaled to
+# the sim's units: (config key, scenario field, scale).
+_ROUNDED: tuple[tuple[str, str, float], ...] = (  # integers
+    ("memory_bytes", "memory_gib", _GIB),
+    ("reserved_bytes", "reserved_mib", _MIB),
+    ("bar1_bytes", "bar1_gib", _GIB),
+    ("power_limit_mw", "power_limit_w", 1000),
+    ("default_limit_mw", "default_power_limit_w", 1000),
+    ("min_limit_mw", "min_power_limit_w", 1000),
+    ("max_limit_mw", "max_power_limit_w", 1000),
+    ("sm_clock_max", "sm_clock_mhz", 1),
+    ("sm_clock_idle", "sm_clock_idle_mhz", 1),
+    ("mem_clock", "mem_clock_mhz", 1),
+    ("video_clock", "video_clock_mhz", 1),
+)
+_NUMBERS: tuple[tuple[str, str, float], ...] = (
+    ("idle_power_w", "idle_power_w", 1),
+    ("max_power_w", "max_power_w", 1),
+    ("ambient_c", "ambient_c", 1),
+    ("thermal_c_per_w", "thermal_c_per_w", 1),
+    ("thermal_tau_s", "thermal_tau_s", 1),
+    ("slowdown_c", "slowdown_temp_c", 1),
+    ("shutdown_c", "shutdown_temp_c", 1),
+    ("mem_temp_offset_c", "mem_temp_offset_c", 1),
+    ("thermal_clock_factor", "thermal_clock_factor", 1),
+    ("pcie_tx_bps", "pcie_tx_mb_s", 1e6),
+    ("pcie_rx_bps", "pcie_rx_mb_s", 1e6),
+    ("nvlink_tx_bps", "nvlink_tx_mb_s", 1e6),
+    ("nvlink_rx_bps", "nvlink_rx_mb_s", 1e6),
+)
+_COUNTS: tuple[tuple[str, str], ...] = (  # written as they are
+    ("pci_device_id", "pci_device_id"),
+    ("fans", "fans"),
+    ("nvlink_links", "nvlink_links"),
+    ("pcie_gen", "pcie_gen"),
+    ("pcie_width", "pcie_width"),
+    ("pcie_gen_max", "pcie_gen"),
+    ("pcie_width_max", "pcie_width"),
+    ("ecc_agg_corrected", "ecc_aggregate_corrected"),
+    ("ecc_agg_uncorrected", "ecc_aggregate_uncorrected"),
+)
+
+
 def _device_config(dev: Mapping[str, Any]) -> dict[str, str]:
     unsupported = sum(FEATURES[f] for f in dev["unsupported"])
     major, minor = dev["compute_capability"]
@@ -168,47 +211,17 @@ def _device_config(dev: Mapping[str, Any]) -> dict[str, str]:
         "uuid": dev["uuid"],
         "serial": dev["serial"],
         "bus_id": dev["pci_bus_id"],
-        "pci_device_id": str(dev["pci_device_id"]),
         "pci_subsystem_id": str(0x16C110DE),
-        "memory_bytes": str(round(dev["memory_gib"] * _GIB)),
-        "reserved_bytes": str(round(dev["reserved_mib"] * _MIB)),
-        "bar1_bytes": str(round(dev["bar1_gib"] * _GIB)),
         "arch": str(ARCHITECTURES[dev["architecture"]]),
         "cc": f"{major} {minor}",
-        "power_limit_mw": str(round(dev["power_limit_w"] * 1000)),
-        "default_limit_mw": str(round(dev["default_power_limit_w"] * 1000)),
-        "min_limit_mw": str(round(dev["min_power_limit_w"] * 1000)),
-        "max_limit_mw": str(round(dev["max_power_limit_w"] * 1000)),
-        "idle_power_w": _num(dev["idle_power_w"]),
-        "max_power_w": _num(dev["max_power_w"]),
-        "sm_clock_max": str(round(dev["sm_clock_mhz"])),
-        "sm_clock_idle": str(round(dev["sm_clock_idle_mhz"])),
-        "mem_clock": str(round(dev["mem_clock_mhz"])),
-        "video_clock": str(round(dev["video_clock_mhz"])),
         "ecc": "1" if dev["ecc"] else "0",
-        "fans": str(dev["fans"]),
-        "nvlink_links": str(dev["nvlink_links"]),
-        "pcie_gen": str(dev["pcie_gen"]),
-        "pcie_width": str(dev["pcie_width"]),
-        "pcie_gen_max": str(dev["pcie_gen"]),
-        "pcie_width_max": str(dev["pcie_width"]),
-        "ambient_c": _num(dev["ambient_c"]),
-        "thermal_c_per_w": _num(dev["thermal_c_per_w"]),
-        "thermal_tau_s": _num(dev["thermal_tau_s"]),
-        "slowdown_c": _num(dev["slowdown_temp_c"]),
-        "shutdown_c": _num(dev["shutdown_temp_c"]),
-        "mem_temp_offset_c": _num(dev["mem_temp_offset_c"]),
-        "thermal_clock_factor": _num(dev["thermal_clock_factor"]),
-        "pcie_tx_bps": _num(dev["pcie_tx_mb_s"] * 1e6),
-        "pcie_rx_bps": _num(dev["pcie_rx_mb_s"] * 1e6),
-        "nvlink_tx_bps": _num(dev["nvlink_tx_mb_s"] * 1e6),
-        "nvlink_rx_bps": _num(dev["nvlink_rx_mb_s"] * 1e6),
-        "ecc_agg_corrected": str(dev["ecc_aggregate_corrected"]),
-        "ecc_agg_uncorrected": str(dev["ecc_aggregate_uncorrected"]),
         "unsupported": str(unsupported),
         "mig_capable": "1" if dev["mig_capable"] else "0",
         "util": dev["utilization"].to_config(),
     }
+    out.update((key, str(round(dev[field] * scale))) for key, field, scale in _ROUNDED)
+    out.update((key, _num(dev[field] * scale)) for key, field, scale in _NUMBERS)
+    out.update((key, str(dev[field])) for key, field in _COUNTS)
     if dev.get("memory_utilization") is not None:
         out["mem_util"] = dev["memory_utilization"].to_config()
     if dev.get("memory_used_gib") is not None:

@@ -358,20 +358,10 @@ class QuantileSketch:
 
     def _state(self) -> SketchState:
         with self._lock:
-            pos_offset, pos = self._pos.dense()
-            neg_offset, neg = self._neg.dense()
+            # SketchState's fields in their order; dense() is (offset, bucket counts).
+            totals = (self._sum, self._min, self._max, self._zero, self._rejected)
             return SketchState(
-                scale=self._scale,
-                max_buckets=self._max_buckets,
-                sum=self._sum,
-                min=self._min,
-                max=self._max,
-                zero_count=self._zero,
-                rejected=self._rejected,
-                positive_offset=pos_offset,
-                positive=pos,
-                negative_offset=neg_offset,
-                negative=neg,
+                self._scale, self._max_buckets, *totals, *self._pos.dense(), *self._neg.dense()
             )
 
     @classmethod

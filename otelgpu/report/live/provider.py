@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,25 @@ def _recent(spans: Sequence[Any], since_ns: int) -> list[Any]:
     return [s for s in spans if (s.end_time or 0) >= since_ns]
 
 
+def _percentiles(sketch: Any, *percents: int) -> dict[str, float] | None:
+    """``{"p50": …, "p99": …}`` of a merged sketch, or ``None`` when it is empty."""
+    if not sketch.count:
+        return None
+    values = sketch.quantiles([p / 100 for p in percents])
+    return {f"p{p}": v for p, v in zip(percents, values, strict=True)}
+
+
+def _numbers(attrs: Sequence[Mapping[str, Any]], name: str) -> list[float]:
+    """The numeric values of attribute ``name`` in the spans that have one."""
+    return [v for a in attrs if (v := _num(a.get(name))) is not None]
+
+
+def _elapsed(spans: Sequence[Any], now_ns: int) -> float:
+    """Seconds from the first span's start to ``now_ns`` (never 0: a rate's divisor)."""
+    first: int = min(s.start_time for s in spans)
+    return max((now_ns - first) / 1e9, 1e-9)
+
+
 def _train(runtime: Any, ring: SpanRing, now_ns: int) -> dict[str, Any] | None:
     from otelgpu.report.analysis import phase_shares
     from otelgpu.report.model import Record
@@ -92,14 +111,12 @@ def _train(runtime: Any, ring: SpanRing, now_ns: int) -> dict[str, Any] | None:
     if not sketch.count and not ring.steps:
         return None
     out: dict[str, Any] = {"steps": int(sketch.count)}
-    if sketch.count:
-        p50, p95, p99 = sketch.quantiles([0.5, 0.95, 0.99])
-        out["step_time_s"] = {"p50": p50, "p95": p95, "p99": p99}
+    if (step_time := _percentiles(sketch, 50, 95, 99)) is not None:
+        out["step_time_s"] = step_time
     spans = _recent(list(ring.steps), now_ns - int(RECENT_S * 1e9))
     if spans:
         durations = sorted((s.end_time - s.start_time) / 1e9 for s in spans)
-        first = min(s.start_time for s in spans)
-        elapsed = max((now_ns - first) / 1e9, 1e-9)
+        elapsed = _elapsed(spans, now_ns)
         attrs = [dict(s.attributes or {}) for s in spans]
         samples = sum(_num(a.get("otelgpu.train.samples")) or 0.0 for a in attrs)
         tokens = sum(_num(a.get("otelgpu.train.tokens")) or 0.0 for a in attrs)
@@ -122,13 +139,11 @@ def _train(runtime: Any, ring: SpanRing, now_ns: int) -> dict[str, Any] | None:
         phases = phase_shares(records)
         if phases:
             recent["phases"] = {p: share for p, _s, share in phases}
-        for key, name in (("mfu", "otelgpu.train.mfu"),):
-            values = [v for a in attrs if (v := _num(a.get(name))) is not None]
+        means = (("mfu", "otelgpu.train.mfu"), ("tensor_activity", "otelgpu.gpu.tensor.activity"))
+        for key, name in means:
+            values = _numbers(attrs, name)
             if values:
                 recent[key] = sum(values) / len(values)
-        tensor = [v for a in attrs if (v := _num(a.get("otelgpu.gpu.tensor.activity"))) is not None]
-        if tensor:
-            recent["tensor_activity"] = sum(tensor) / len(tensor)
         out["recent"] = recent
     return out
 
@@ -138,27 +153,17 @@ def _inference(runtime: Any, ring: SpanRing, now_ns: int) -> dict[str, Any] | No
     if not sketch.count and not ring.requests:
         return None
     out: dict[str, Any] = {"requests": int(sketch.count)}
-    if sketch.count:
-        p50, p99 = sketch.quantiles([0.5, 0.99])
-        out["latency_s"] = {"p50": p50, "p99": p99}
-    ttft = runtime.ttft.merged()
-    if ttft.count:
-        p50, p99 = ttft.quantiles([0.5, 0.99])
-        out["ttft_s"] = {"p50": p50, "p99": p99}
+    if (latency := _percentiles(sketch, 50, 99)) is not None:
+        out["latency_s"] = latency
+    if (ttft := _percentiles(runtime.ttft.merged(), 50, 99)) is not None:
+        out["ttft_s"] = ttft
     spans = _recent(list(ring.requests), now_ns - int(RECENT_S * 1e9))
     if spans:
         attrs = [dict(s.attributes or {}) for s in spans]
-        first = min(s.start_time for s in spans)
-        elapsed = max((now_ns - first) / 1e9, 1e-9)
+        elapsed = _elapsed(spans, now_ns)
         lat = sorted((s.end_time - s.start_time) / 1e9 for s in spans)
-        ttfts = sorted(
-            v
-            for a in attrs
-            if (v := _num(a.get("otelgpu.request.time_to_first_token"))) is not None
-        )
-        queue = sorted(
-            v for a in attrs if (v := _num(a.get("otelgpu.request.queue_time"))) is not None
-        )
+        ttfts = sorted(_numbers(attrs, "otelgpu.request.time_to_first_token"))
+        queue = sorted(_numbers(attrs, "otelgpu.request.queue_time"))
         errors = sum(1 for a in attrs if a.get("otelgpu.request.outcome", "ok") != "ok")
         tokens = sum(_num(a.get("gen_ai.usage.output_tokens")) or 0.0 for a in attrs)
         out["recent"] = {

@@ -10,10 +10,20 @@ process per refresh, and one line per GPU health event as it arrives.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 Snapshot = dict[str, Any]
+_Part = tuple[str, str, float]  # a key of the recent window, its format, a scale
+
+_THROUGHPUT: tuple[_Part, ...] = (
+    ("samples_per_s", "{:,.0f} samples/s", 1),
+    ("tokens_per_s", "{:,.0f} tokens/s", 1),
+)
+_COMPUTE: tuple[_Part, ...] = (
+    ("mfu", "MFU {:.1f} %", 100),
+    ("tensor_activity", "tensor {:.0f} %", 100),
+)
 
 
 def _ms(v: Any) -> str:
@@ -111,6 +121,86 @@ def _bar(fraction: Any, width: int = 12) -> str:
     return "█" * n + "░" * (width - n)
 
 
+def _parts_row(grid: Any, label: str, values: Mapping[str, Any], parts: Sequence[_Part]) -> None:
+    """One row ``label`` of the ``parts`` that ``values`` holds, or none if it holds none.
+
+    A part is (key, format, scale): ``values[key] * scale`` formatted."""
+    shown = [fmt.format(values[key] * scale) for key, fmt, scale in parts if key in values]
+    if shown:
+        grid.add_row(label, "  ".join(shown))
+
+
+def _section(doc: Snapshot, key: str, title: str, color: str, empty: str) -> Any:
+    """A panel of ``doc[key]``'s rows (labels in ``color``), or a dim ``empty`` line."""
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style=f"bold {color}", no_wrap=True)
+    grid.add_column(no_wrap=True)
+    data = doc.get(key)
+    if data:
+        _ROWS[key](grid, data)
+    else:
+        grid.add_row(title, Text(empty, style="dim"))
+    return Panel(grid, title=title, border_style=color)
+
+
+def _training(left: Any, train: Mapping[str, Any]) -> None:
+    """The training panel's rows: steps, step time, throughput, phase shares, MFU."""
+    from rich.text import Text
+
+    recent = train.get("recent") or {}
+    q = train.get("step_time_s") or {}
+    left.add_row("steps", f"{train.get('steps', 0):,}   last {_ms(recent.get('last_s'))}")
+    left.add_row("step time", f"p50 {_ms(q.get('p50'))}  p99 {_ms(q.get('p99'))}")
+    if recent:
+        left.add_row(
+            "last 10 s",
+            f"p50 {_ms(recent.get('p50_s'))}  p99 {_ms(recent.get('p99_s'))}  "
+            f"{recent.get('steps_per_s', 0):.1f} steps/s",
+        )
+    _parts_row(left, "throughput", recent, _THROUGHPUT)
+    phases = sorted((recent.get("phases") or {}).items(), key=lambda kv: -kv[1])
+    for phase, share in phases:
+        if share >= 0.005:  # a phase that took no time is noise here
+            left.add_row(
+                f"  {phase}",
+                Text.assemble((_bar(share, 20), "cyan"), f" {share * 100:4.0f} %"),
+            )
+    _parts_row(left, "compute", recent, _COMPUTE)
+
+
+def _inference(right: Any, inference: Mapping[str, Any]) -> None:
+    """The inference panel's rows: requests, latency, TTFT, queue, errors, output rate."""
+    from rich.text import Text
+
+    recent = inference.get("recent") or {}
+    lat = inference.get("latency_s") or {}
+    ttft = inference.get("ttft_s") or {}
+    right.add_row(
+        "requests",
+        f"{inference.get('requests', 0):,}   {recent.get('requests_per_s', 0):.1f} req/s",
+    )
+    right.add_row("latency", f"p50 {_ms(lat.get('p50'))}  p99 {_ms(lat.get('p99'))}")
+    right.add_row("TTFT", f"p50 {_ms(ttft.get('p50'))}  p99 {_ms(ttft.get('p99'))}")
+    if recent:
+        rate = recent.get("error_rate") or 0
+        right.add_row("queue", f"p50 {_ms(recent.get('queue_p50_s'))}")
+        right.add_row(
+            "errors",
+            Text(f"{rate * 100:.1f} % (last 10 s)", style="bold red" if rate >= 0.05 else ""),
+        )
+        right.add_row("output", f"{recent.get('output_tokens_per_s', 0):,.0f} tokens/s")
+
+
+_ROWS: dict[str, Callable[[Any, Mapping[str, Any]], None]] = {
+    "train": _training,
+    "inference": _inference,
+}
+
+
 def render(docs: Sequence[Snapshot], title: str, events: Sequence[str]) -> Any:
     """A ``rich`` renderable of the snapshots (one or more processes)."""
     from rich.console import Group
@@ -120,76 +210,12 @@ def render(docs: Sequence[Snapshot], title: str, events: Sequence[str]) -> Any:
 
     blocks: list[Any] = []
     for doc in docs:
-        left = Table.grid(padding=(0, 1))
-        left.add_column(style="bold cyan", no_wrap=True)
-        left.add_column(no_wrap=True)
-        train = doc.get("train")
-        if train:
-            recent = train.get("recent") or {}
-            q = train.get("step_time_s") or {}
-            left.add_row("steps", f"{train.get('steps', 0):,}   last {_ms(recent.get('last_s'))}")
-            left.add_row("step time", f"p50 {_ms(q.get('p50'))}  p99 {_ms(q.get('p99'))}")
-            if recent:
-                left.add_row(
-                    "last 10 s",
-                    f"p50 {_ms(recent.get('p50_s'))}  p99 {_ms(recent.get('p99_s'))}  "
-                    f"{recent.get('steps_per_s', 0):.1f} steps/s",
-                )
-            tput = []
-            if "samples_per_s" in recent:
-                tput.append(f"{recent['samples_per_s']:,.0f} samples/s")
-            if "tokens_per_s" in recent:
-                tput.append(f"{recent['tokens_per_s']:,.0f} tokens/s")
-            if tput:
-                left.add_row("throughput", "  ".join(tput))
-            phases = sorted((recent.get("phases") or {}).items(), key=lambda kv: -kv[1])
-            for phase, share in phases:
-                if share >= 0.005:  # a phase that took no time is noise here
-                    left.add_row(
-                        f"  {phase}",
-                        Text.assemble((_bar(share, 20), "cyan"), f" {share * 100:4.0f} %"),
-                    )
-            extra = []
-            if "mfu" in recent:
-                extra.append(f"MFU {recent['mfu'] * 100:.1f} %")
-            if "tensor_activity" in recent:
-                extra.append(f"tensor {recent['tensor_activity'] * 100:.0f} %")
-            if extra:
-                left.add_row("compute", "  ".join(extra))
-        else:
-            left.add_row("training", Text("no steps yet", style="dim"))
-        right = Table.grid(padding=(0, 1))
-        right.add_column(style="bold magenta", no_wrap=True)
-        right.add_column(no_wrap=True)
-        inference = doc.get("inference")
-        if inference:
-            recent = inference.get("recent") or {}
-            lat = inference.get("latency_s") or {}
-            ttft = inference.get("ttft_s") or {}
-            right.add_row(
-                "requests",
-                f"{inference.get('requests', 0):,}   {recent.get('requests_per_s', 0):.1f} req/s",
-            )
-            right.add_row("latency", f"p50 {_ms(lat.get('p50'))}  p99 {_ms(lat.get('p99'))}")
-            right.add_row("TTFT", f"p50 {_ms(ttft.get('p50'))}  p99 {_ms(ttft.get('p99'))}")
-            if recent:
-                rate = recent.get("error_rate") or 0
-                right.add_row("queue", f"p50 {_ms(recent.get('queue_p50_s'))}")
-                right.add_row(
-                    "errors",
-                    Text(
-                        f"{rate * 100:.1f} % (last 10 s)", style="bold red" if rate >= 0.05 else ""
-                    ),
-                )
-                right.add_row("output", f"{recent.get('output_tokens_per_s', 0):,.0f} tokens/s")
-        else:
-            right.add_row("inference", Text("no requests yet", style="dim"))
         top = Table.grid(expand=True, padding=(0, 4))
         top.add_column(ratio=1)
         top.add_column(ratio=1)
         top.add_row(
-            Panel(left, title="training", border_style="cyan"),
-            Panel(right, title="inference", border_style="magenta"),
+            _section(doc, "train", "training", "cyan", "no steps yet"),
+            _section(doc, "inference", "inference", "magenta", "no requests yet"),
         )
         gpus = Table(expand=True, box=None, padding=(0, 1), header_style="bold")
         for name, justify in (

@@ -76,9 +76,7 @@ def _exemplars(exemplars: Any) -> list[dict[str, Any]]:
                 e["traceId"] = format(exemplar.trace_id, "032x")
         if not as_double:
             e["asInt"] = str(int(value))
-        attributes = attributes_json(exemplar.filtered_attributes)
-        if attributes:
-            e["filteredAttributes"] = attributes
+        _listed(e, "filteredAttributes", attributes_json(exemplar.filtered_attributes))
         out.append(e)
     return out
 
@@ -90,20 +88,23 @@ def _number(point: Any, start: bool) -> dict[str, Any]:
     as_int = isinstance(value, int)
     if not as_int:
         out["asDouble"] = _double(value)
-    exemplars = _exemplars(point.exemplars)
-    if exemplars:
-        out["exemplars"] = exemplars
+    _listed(out, "exemplars", _exemplars(point.exemplars))
     if as_int:
         out["asInt"] = str(int(value))
-    attributes = attributes_json(point.attributes)
-    if attributes:
-        out["attributes"] = attributes
+    _listed(out, "attributes", attributes_json(point.attributes))
     return out
 
 
 def _optional(out: dict[str, Any], key: str, value: Any) -> None:
+    """A proto3 ``optional double``: printed whenever set, zero included."""
     if value is not None:
         out[key] = _double(value)
+
+
+def _listed(out: dict[str, Any], key: str, items: list[Any]) -> None:
+    """A repeated field: printed only when not empty."""
+    if items:
+        out[key] = items
 
 
 def _histogram(point: Any) -> dict[str, Any]:
@@ -116,12 +117,8 @@ def _histogram(point: Any) -> dict[str, Any]:
         out["bucketCounts"] = [str(int(c)) for c in point.bucket_counts]
     if point.explicit_bounds:
         out["explicitBounds"] = [_double(b) for b in point.explicit_bounds]
-    exemplars = _exemplars(point.exemplars)
-    if exemplars:
-        out["exemplars"] = exemplars
-    attributes = attributes_json(point.attributes)
-    if attributes:
-        out["attributes"] = attributes
+    _listed(out, "exemplars", _exemplars(point.exemplars))
+    _listed(out, "attributes", attributes_json(point.attributes))
     _optional(out, "min", point.min)
     _optional(out, "max", point.max)
     return out
@@ -140,9 +137,7 @@ def _buckets(buckets: Any) -> dict[str, Any] | None:
 
 def _exponential(point: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    attributes = attributes_json(point.attributes)
-    if attributes:
-        out["attributes"] = attributes
+    _listed(out, "attributes", attributes_json(point.attributes))
     _head(out, point)
     if point.count:
         out["count"] = str(int(point.count))
@@ -157,9 +152,7 @@ def _exponential(point: Any) -> dict[str, Any]:
             out[key] = encoded
     if point.flags:
         out["flags"] = int(point.flags)
-    exemplars = _exemplars(point.exemplars)
-    if exemplars:
-        out["exemplars"] = exemplars
+    _listed(out, "exemplars", _exemplars(point.exemplars))
     _optional(out, "min", point.min)
     _optional(out, "max", point.max)
     return out

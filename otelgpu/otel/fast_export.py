@@ -48,15 +48,23 @@ def _serialize(request: Any) -> bytes:
     return request if isinstance(request, bytes) else request.SerializeToString()
 
 
-class _RawTraceStub:
-    """The OTLP trace service client, taking a serialized request as bytes too."""
+def raw_stub(method: str, response: Any) -> type:
+    """A client class for the OTLP gRPC service ``method`` (its full path) that takes a
+    serialized request as bytes too, as the SDK's exporters make their clients
+    (``stub(channel)``, then ``client.Export(request=..., metadata=..., timeout=...)``)."""
 
-    def __init__(self, channel: Any) -> None:
-        self.Export = channel.unary_unary(
-            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-            request_serializer=_serialize,
-            response_deserializer=ExportTraceServiceResponse.FromString,
-        )
+    class RawStub:
+        def __init__(self, channel: Any) -> None:
+            self.Export = channel.unary_unary(
+                method, request_serializer=_serialize, response_deserializer=response.FromString
+            )
+
+    return RawStub
+
+
+_RawTraceStub = raw_stub(
+    "/opentelemetry.proto.collector.trace.v1.TraceService/Export", ExportTraceServiceResponse
+)
 
 
 def take_prepared(inner: Any, marker: type) -> None:

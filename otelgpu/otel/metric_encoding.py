@@ -1,105 +1,55 @@
-"""OTLP metric requests built in short slices, so the export thread never stalls the host.
+"""OTLP metric export with otelgpu's encoder, through the SDK's own exporters.
 
 The SDK's OTLP metric exporters turn a whole collection into protobuf objects in one
-Python call (``encode_metrics``: 2-5 ms for one simulated GPU, more for eight) while
-holding the GIL; an application thread that wants the GIL meanwhile waits up to the
-interpreter's switch interval or longer. :func:`encode_metrics_sliced` builds the same
-``ExportMetricsServiceRequest`` from the SDK's own encoder applied to at most
-``POINTS_PER_SLICE`` data points at a time, merged into one request with protobuf's C
-``MergeFrom`` (concatenates the data points of the same metric), handing the GIL back
-(:func:`otelgpu.otel.slicing.pause`) between slices.
+Python call (``encode_metrics``: 20-25 ms of CPU for eight simulated GPUs) while holding
+the GIL; an application thread that wants the GIL meanwhile waits up to the interpreter's
+switch interval or longer. :func:`sliced_sender` sends the bytes
+:func:`otelgpu.otel.metric_protobuf.encode_request` writes instead -- the same request,
+byte for byte, several times cheaper, with a chance to hand the GIL back
+(:func:`otelgpu.otel.slicing.pause`) before every data point:
 
-Contract: ``encode_metrics_sliced(data).SerializeToString()`` is byte-for-byte
-``encode_metrics(data).SerializeToString()`` (same grouping quirks: a resource or scope
-seen twice keeps its first position and its last contents, as the SDK's dictionaries do)
--- ``tests/pipeline/test_pipeline_metric_encoding.py`` checks it.
+* OTLP/gRPC: the bytes go through the exporter's own ``_export`` (its channel,
+  credentials, headers, compression, timeout, retry and backoff) with a client that sends
+  them as they are (no parse and re-serialisation);
+* OTLP/HTTP: the bytes go to the exporter's own HTTP client (session, headers,
+  compression, certificates, timeout and retries), with the exporter's size limit.
 
-:func:`sliced_sender` hooks the encoder into the SDK's OTLP gRPC and HTTP metric
-exporters (the exporters' channel, headers, compression, retries and size limits keep
-applying); anything else keeps its own ``export``. Thread-safe: no shared state.
+Anything else keeps its own ``export``, and so does an exporter with a batch size set (it
+then splits and encodes itself). Thread-safe: no shared state.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
-from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.sdk.metrics.export import (
-    MetricExportResult,
-    MetricsData,
-    ResourceMetrics,
-    ScopeMetrics,
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
 )
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import (
+    MetricsServiceStub,
+)
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
-from otelgpu.otel.slicing import Slicer
+from otelgpu.otel.metric_protobuf import encode_request
 
 _logger = logging.getLogger("otelgpu")
 
-#: Data points encoded per call of the SDK's encoder (10-60 µs each in Python).
-POINTS_PER_SLICE = 8
-
-#: The resource of the one-metric requests encoded per slice: only their metric is kept,
-#: so an empty resource spares encoding the real one's attributes every time.
-_NO_RESOURCE = Resource({})
+_RawMetricsStub: type | None = None
 
 
-def _layout(data: MetricsData) -> list[tuple[Any, list[Any]]]:
-    """``[(ResourceMetrics, [ScopeMetrics, ...])]`` in the order and with the contents
-    the SDK's ``encode_metrics`` keeps (its dict keyed by resource, then by scope)."""
-    resources: dict[Any, tuple[Any, dict[Any, Any]]] = {}
-    for rm in data.resource_metrics:
-        scopes: dict[Any, Any] = {}
-        resources[rm.resource] = (rm, scopes)
-        for sm in rm.scope_metrics:
-            scopes[sm.scope] = sm
-    return [(rm, list(scopes.values())) for rm, scopes in resources.values()]
+def _raw_metrics_stub() -> type:
+    global _RawMetricsStub
+    if _RawMetricsStub is None:
+        from otelgpu.otel.fast_export import raw_stub
 
-
-def _chunks(metric: Any) -> Iterator[Any]:
-    """``metric`` with at most ``POINTS_PER_SLICE`` of its data points at a time (the
-    whole metric when it has no more; one empty chunk when it has none)."""
-    points = metric.data.data_points
-    if len(points) <= POINTS_PER_SLICE:
-        yield metric
-        return
-    for i in range(0, len(points), POINTS_PER_SLICE):
-        part = points[i : i + POINTS_PER_SLICE]
-        yield replace(metric, data=replace(metric.data, data_points=part))
-
-
-def encode_metrics_sliced(data: MetricsData, slicer: Slicer | None = None) -> Any:
-    """The ``ExportMetricsServiceRequest`` of ``data``, encoded a few points at a time.
-
-    ``slicer`` decides when to hand the GIL back (default: every ``SLICE_S`` of CPU).
-    Raises what ``encode_metrics`` raises for a metric it cannot encode.
-    """
-    slicer = slicer or Slicer()
-    layout = _layout(data)
-    skeleton = MetricsData(
-        [
-            ResourceMetrics(
-                rm.resource,
-                [ScopeMetrics(sm.scope, [], sm.schema_url) for sm in scopes],
-                rm.schema_url,
-            )
-            for rm, scopes in layout
-        ]
-    )
-    request = encode_metrics(skeleton)
-    for (_rm, scopes), pb_rm in zip(layout, request.resource_metrics, strict=True):
-        for sm, pb_sm in zip(scopes, pb_rm.scope_metrics, strict=True):
-            for metric in sm.metrics:
-                target = pb_sm.metrics.add()
-                for chunk in _chunks(metric):
-                    slicer.tick()
-                    scope = ScopeMetrics(sm.scope, [chunk], "")
-                    part = encode_metrics(MetricsData([ResourceMetrics(_NO_RESOURCE, [scope], "")]))
-                    target.MergeFrom(part.resource_metrics[0].scope_metrics[0].metrics[0])
-    return request
+        _RawMetricsStub = raw_stub(
+            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+            ExportMetricsServiceResponse,
+        )
+    return _RawMetricsStub
 
 
 class _PreparedMetrics(MetricsData):
@@ -121,12 +71,20 @@ def _grpc_sender(inner: Any) -> Callable[[MetricsData], MetricExportResult] | No
     from otelgpu.otel.fast_export import take_prepared
 
     take_prepared(inner, _PreparedMetrics)
+    stub = _raw_metrics_stub()
+    if getattr(inner, "_stub", None) is MetricsServiceStub and getattr(inner, "_channel", None):
+        # The exporter makes its client from ``_stub`` (again after a reconnect).
+        inner._stub = stub
+        inner._client = stub(inner._channel)
 
     def send(metrics_data: MetricsData) -> MetricExportResult:
         if getattr(inner, "_max_export_batch_size", None) is not None:
             return inner.export(metrics_data)
         prepared = _PreparedMetrics(metrics_data.resource_metrics)
-        object.__setattr__(prepared, "request", encode_metrics_sliced(metrics_data))
+        payload = encode_request(metrics_data)
+        raw = isinstance(getattr(inner, "_client", None), stub)
+        request = payload if raw else ExportMetricsServiceRequest.FromString(payload)
+        object.__setattr__(prepared, "request", request)
         return inner._export(data=prepared)
 
     return send
@@ -137,7 +95,8 @@ def _http_sender(inner: Any) -> Callable[[MetricsData], MetricExportResult] | No
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError:
         return None
-    if type(inner) is not OTLPMetricExporter or not callable(getattr(inner, "_export_batch", None)):
+    client = getattr(inner, "_client", None)
+    if type(inner) is not OTLPMetricExporter or not callable(getattr(client, "export", None)):
         return None
 
     def send(metrics_data: MetricsData) -> MetricExportResult:
@@ -145,7 +104,17 @@ def _http_sender(inner: Any) -> Callable[[MetricsData], MetricExportResult] | No
             getattr(inner, "_max_export_batch_size", None) is not None
         ):
             return inner.export(metrics_data)
-        return inner._export_batch(encode_metrics_sliced(metrics_data))
+        payload = encode_request(metrics_data)
+        limit = getattr(inner, "_max_request_size", None)
+        if isinstance(limit, int) and limit > 0 and len(payload) > limit:
+            _logger.warning(
+                "otelgpu: metrics request of %d bytes over max_request_size %d; dropped",
+                len(payload),
+                limit,
+            )
+            return MetricExportResult.FAILURE
+        result = inner._client.export(payload)
+        return MetricExportResult.SUCCESS if result.success else MetricExportResult.FAILURE
 
     return send
 

@@ -11,6 +11,7 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from otelgpu.otel import gpu_context, gpu_summary
+from otelgpu.otel.span_attributes import set_attributes
 from otelgpu.sampler._fields import F_ENERGY
 
 ReportError = Callable[[str, BaseException], None]
@@ -136,5 +137,5 @@ class GpuContext:
             return
         attrs = self.attributes(start_ns, end_ns, devices)
         if attrs:
-            span.set_attributes(attrs)
+            set_attributes(span, attrs)
         self.add_events(span, start_ns, end_ns, devices)

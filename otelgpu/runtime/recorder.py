@@ -19,6 +19,7 @@ from opentelemetry.trace import Span
 
 from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics.spec import MetricSpec
+from otelgpu.otel.span_attributes import set_attributes
 from otelgpu.otel.stats import InternalStats
 from otelgpu.otel.tail_sampling import StepSpanSampler
 from otelgpu.runtime.gpu import GpuContext
@@ -102,7 +103,7 @@ class Recorder(abc.ABC, Generic[R]):
             own.update(attributes)
         own.update(context)
         own.update(work)
-        span.set_attributes(own)
+        set_attributes(span, own)
         gpu = self._gpu
         if gpu.sampler is not None:
             gpu.add_events(span, *window, events=events)

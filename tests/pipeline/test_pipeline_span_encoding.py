@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from fixtures.generated_metrics import CASES, generated_metrics
 from fixtures.otel import metrics_data
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -178,144 +179,6 @@ def test_pipeline_recording_metrics_line_built_in_slices(sim_gpu: Any) -> None:
     mp.shutdown()
 
 
-def _generated_metrics(rng: random.Random) -> Any:
-    """MetricsData of every kind the SDK exports, with the values the JSON mapping treats
-    apart: zeros, ints and floats, NaN and infinities, empty histograms, exemplars with
-    and without a span, buckets on both sides, equal scopes, schema URLs."""
-    from opentelemetry.sdk.metrics import Exemplar
-    from opentelemetry.sdk.metrics.export import (
-        AggregationTemporality,
-        Buckets,
-        ExponentialHistogram,
-        ExponentialHistogramDataPoint,
-        Gauge,
-        Histogram,
-        HistogramDataPoint,
-        Metric,
-        MetricsData,
-        NumberDataPoint,
-        ResourceMetrics,
-        ScopeMetrics,
-        Sum,
-    )
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-    def number() -> Any:
-        return rng.choice([0, 0.0, 7, -3, 2**40, 1.5, -0.25, float("nan"), float("inf")])
-
-    def attrs() -> dict[str, Any]:
-        pool = {
-            "s": "x", "i": rng.randint(-5, 5), "f": rng.random(), "b": rng.random() < 0.5,
-            "l": ["a", "b"], "n": [1, 2], "e": "",
-        }  # fmt: skip
-        return {k: v for k, v in pool.items() if rng.random() < 0.5}
-
-    def exemplars() -> list[Any]:
-        out = []
-        for _ in range(rng.randint(0, 2)):
-            traced = rng.random() < 0.5
-            out.append(
-                Exemplar(
-                    attrs(),
-                    rng.choice([1, 2.5, 0.0]),
-                    rng.randint(0, 10**18),
-                    rng.getrandbits(64) if traced else None,
-                    rng.getrandbits(128) if traced else None,
-                )
-            )
-        return out
-
-    def times() -> tuple[int, int]:
-        return rng.choice([0, 1_700_000_000_000_000_000]), rng.choice([0, 1_800_000_000_000])
-
-    def buckets() -> Any:
-        return Buckets(rng.randint(-3, 3), [rng.randint(0, 9) for _ in range(rng.randint(0, 4))])
-
-    def data() -> Any:
-        kind = rng.randrange(4)
-        temporality = rng.choice(list(AggregationTemporality))
-        points: list[Any] = []
-        for _ in range(rng.randint(0, 3)):
-            start, end = times()
-            if kind in (0, 1):
-                points.append(NumberDataPoint(attrs(), start, end, number(), exemplars()))
-            elif kind == 2:
-                empty = rng.random() < 0.3
-                points.append(
-                    HistogramDataPoint(
-                        attrs(),
-                        start,
-                        end,
-                        0 if empty else rng.randint(1, 99),
-                        0 if empty else number(),
-                        [rng.randint(0, 5) for _ in range(3)],
-                        [0.0, 1.5],
-                        float("inf") if empty else number(),
-                        float("-inf") if empty else number(),
-                        exemplars(),
-                    )
-                )
-            else:
-                points.append(
-                    ExponentialHistogramDataPoint(
-                        attrs(),
-                        start,
-                        end,
-                        rng.randint(0, 9),
-                        number(),
-                        rng.randint(-2, 3),
-                        rng.randint(0, 2),
-                        buckets(),
-                        buckets(),
-                        rng.choice([0, 1]),
-                        number(),
-                        number(),
-                        exemplars(),
-                    )
-                )
-        if kind == 0:
-            return Gauge(points)
-        if kind == 1:
-            return Sum(points, temporality, rng.random() < 0.5)
-        if kind == 2:
-            return Histogram(points, temporality)
-        return ExponentialHistogram(points, temporality)
-
-    def metric(i: int) -> Any:
-        return Metric(f"m{i}", rng.choice(["", "about"]), rng.choice(["", "s", "{x}"]), data())
-
-    scopes = [
-        InstrumentationScope("a"),
-        InstrumentationScope("b", "1.0", "https://opentelemetry.io/schemas/1.21"),
-        InstrumentationScope("c", None, None, {"k": "v"}),
-    ]
-    resources = [
-        Resource.create({"service.name": "one"}),
-        Resource({"service.name": "two", "n": 3}, "https://opentelemetry.io/schemas/1.24"),
-    ]
-    return MetricsData(
-        [
-            ResourceMetrics(
-                resource,
-                [
-                    ScopeMetrics(
-                        rng.choice(scopes),
-                        [metric(i) for i in range(rng.randint(0, 4))],
-                        "",
-                    )
-                    for _ in range(rng.randint(0, 3))
-                ],
-                resource.schema_url,
-            )
-            for resource in rng.sample(resources, rng.randint(1, 2))
-        ]
-    )
-
-
-CASES = ("gauge", "sum", "histogram", "exponentialHistogram", "exemplars", "Infinity", "NaN",
-         "spanId", "isMonotonic", "negative", "zeroCount")  # fmt: skip
-
-
 def test_pipeline_recording_metrics_line_equals_protobuf_printer_on_every_kind() -> None:
     """300 generated collections: the metrics line written from the SDK's data equals the
     protobuf printer's line of the SDK's request, character for character."""
@@ -327,7 +190,7 @@ def test_pipeline_recording_metrics_line_equals_protobuf_printer_on_every_kind()
     rng = random.Random(20261204)
     kinds: set[str] = set()
     for _ in range(300):
-        data = _generated_metrics(rng)
+        data = generated_metrics(rng)
         expected = to_json_line(encode_metrics(data))
         assert metrics_line(data) == expected
         kinds.update(k for k in CASES if f'"{k}"' in expected)

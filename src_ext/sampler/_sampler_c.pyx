@@ -7,6 +7,14 @@ sampling loop and the XID waiter run inside ``with nogil`` for their whole life:
 they call only ``noexcept nogil`` C functions, allocate no Python objects and
 never raise. Python objects are created only by the query methods, on the
 caller's thread, from records copied out under a short C mutex.
+
+Queries over a short window (``SHORT_WINDOW_NS``: the span of a step or a request)
+keep the GIL: they touch a few samples per device, and releasing the GIL there, once per
+device, handed it to any waiting thread (otelgpu's export thread, say), which the
+caller -- the host's training or serving loop -- then had to wait for. No holder of the
+data mutex ever waits for the GIL (the sampling loop and the waiter never take it), so
+taking the mutex with the GIL held cannot deadlock. Longer windows (a report over
+minutes of samples) release the GIL while the C code walks them.
 """
 
 import threading
@@ -16,6 +24,14 @@ from otelgpu.sampler._records import RawSample, RawSummary, RawWindow
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strncpy
+
+#: Windows up to this long (ns) are read with the GIL held (module docstring).
+cdef int64_t SHORT_WINDOW_NS = 1000000000
+
+
+cdef inline bint _long_window(int64_t s_ns, int64_t e_ns) noexcept nogil:
+    # unsigned difference: defined for any pair of int64 bounds
+    return e_ns > s_ns and <uint64_t>e_ns - <uint64_t>s_ns > <uint64_t>SHORT_WINDOW_NS
 
 cdef extern from "otg_sampler.h" nogil:
     ctypedef struct otg_nvml_t:
@@ -313,7 +329,10 @@ cdef class NativeCore:
         cdef int found
         if i < 0 or i >= self._ndev:
             return None
-        with nogil:
+        if _long_window(s_ns, e_ns):
+            with nogil:
+                found = otg_window(self._st, i, s_ns, e_ns, &w)
+        else:
             found = otg_window(self._st, i, s_ns, e_ns, &w)
         if not found:
             return None
@@ -349,11 +368,15 @@ cdef class NativeCore:
         lost = []
         throttled = []
         seen = []
+        cdef bint release = _long_window(s_ns, e_ns)
         order = range(self._ndev) if devs is None else devs
         for i in order:
             if i < 0 or i >= self._ndev:
                 continue
-            with nogil:
+            if release:
+                with nogil:
+                    found = otg_window(self._st, i, s_ns, e_ns, &w)
+            else:
                 found = otg_window(self._st, i, s_ns, e_ns, &w)
             if not found:
                 continue
@@ -439,7 +462,10 @@ cdef class NativeCore:
         cdef otg_event_t *buf = small
         cdef int maxn = 32
         cdef int n
-        with nogil:
+        if _long_window(s_ns, e_ns):
+            with nogil:
+                n = otg_events_copy(self._st, s_ns, e_ns, dev, kind, buf, maxn)
+        else:
             n = otg_events_copy(self._st, s_ns, e_ns, dev, kind, buf, maxn)
         if n == maxn:  # maybe more: copy again into a buffer for the whole ring
             maxn = <int>self._st.ev_cap

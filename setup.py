@@ -50,6 +50,7 @@ def cython_extensions() -> list[Extension]:
     for pyx, name in [
         ("src_ext/sketch/_sketch_c.pyx", "otelgpu.sketch._sketch_c"),
         ("src_ext/sampler/_sampler_c.pyx", "otelgpu.sampler._sampler_c"),
+        ("src_ext/otel/_otlp_c.pyx", "otelgpu.otel._otlp_c"),
     ]:
         if (ROOT / pyx).exists():
             exts.append(

@@ -31,7 +31,11 @@ NO_EXTENSIONS: bool = (
 """True when the pure-Python twins are forced (env var or a non-CPython interpreter)."""
 
 #: Native modules that make up "the native core". ``NATIVE`` is true only if all load.
-NATIVE_MODULES: tuple[str, ...] = ("otelgpu.sketch._sketch_c", "otelgpu.sampler._sampler_c")
+NATIVE_MODULES: tuple[str, ...] = (
+    "otelgpu.sketch._sketch_c",
+    "otelgpu.sampler._sampler_c",
+    "otelgpu.otel._otlp_c",
+)
 
 _loaded: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}

@@ -37,7 +37,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from otelgpu.otel.slicing import Slicer
-from otelgpu.otel.span_encoding import _attributes, _ld, _resource, _scope, _varint
+from otelgpu.otel.span_encoding import _ld, _resource, _scope, _varint, attributes_bytes
 
 __all__ = ["encode_request"]
 
@@ -78,7 +78,7 @@ def _exemplars(tag: bytes, exemplars: Any) -> list[bytes]:
             body.append(b"\x2a\x10" + exemplar.trace_id.to_bytes(16, "big"))
         if not isinstance(value, float):
             body.append(b"\x31" + _int64(value))
-        body += _attributes(b"\x3a", exemplar.filtered_attributes)
+        body.append(attributes_bytes(b"\x3a", exemplar.filtered_attributes))
         out.append(_ld(tag, b"".join(body)))
     return out
 
@@ -94,7 +94,7 @@ def _number(point: Any, start: bool) -> bytes:
     body += _exemplars(b"\x2a", point.exemplars)
     if as_int:
         body.append(b"\x31" + _int64(value))
-    body += _attributes(b"\x3a", point.attributes)
+    body.append(attributes_bytes(b"\x3a", point.attributes))
     return b"".join(body)
 
 
@@ -127,7 +127,7 @@ def _histogram(point: Any) -> bytes:
             _packed(b"\x32", "Q", point.bucket_counts),
             _packed(b"\x3a", "d", point.explicit_bounds),
             *_exemplars(b"\x42", point.exemplars),
-            *_attributes(b"\x4a", point.attributes),
+            attributes_bytes(b"\x4a", point.attributes),
             _optional_double(b"\x59", point.min),
             _optional_double(b"\x61", point.max),
         ]
@@ -155,7 +155,7 @@ def _exponential(point: Any) -> bytes:
     flags = int(point.flags)
     return b"".join(
         [
-            *_attributes(b"\x0a", point.attributes),
+            attributes_bytes(b"\x0a", point.attributes),
             _fixed64(b"\x11", point.start_time_unix_nano),
             _fixed64(b"\x19", point.time_unix_nano),
             _fixed64(b"\x21", int(point.count)),

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from otelgpu import _impl
 
 _logger = logging.getLogger("otelgpu")
 
@@ -150,7 +152,11 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]
             cache_key = (tag, key, value, t)
             field = kv_cache.get(cache_key)
             if field is None:
-                field = _ld(tag, _key_value(key, value))
+                try:
+                    field = _ld(tag, _key_value(key, value))
+                except UnicodeEncodeError as exc:  # a lone surrogate: the SDK skips it too
+                    _logger.debug("otelgpu: attribute %s not encoded: %r", key, exc)
+                    continue
                 if len(kv_cache) >= _CACHE_LIMIT:
                     kv_cache.clear()
                 kv_cache[cache_key] = field
@@ -161,6 +167,25 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]
         except Exception as exc:  # noqa: BLE001 - the SDK logs and drops the attribute too
             _logger.debug("otelgpu: attribute %s not encoded: %r", key, exc)
     return out
+
+
+def py_attributes_bytes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
+    """Each attribute as one repeated ``KeyValue`` field with the one-byte field ``tag``,
+    concatenated: the pure-Python twin of ``otelgpu.otel._otlp_c.attributes_bytes``."""
+    return b"".join(_attributes(tag, attributes))
+
+
+def attribute_bytes(tag: bytes, key: str, value: Any) -> bytes:
+    """One attribute's ``KeyValue`` field (b"" where the SDK's encoder skips it): what the
+    native encoder asks of this module for a value that is not plain."""
+    return b"".join(_attributes(tag, {key: value}))
+
+
+_native = _impl.native_module("otelgpu.otel._otlp_c")
+#: :func:`py_attributes_bytes`, native when the core loaded (same bytes).
+attributes_bytes: Callable[[bytes, Mapping[str, Any] | None], bytes] = (
+    _native.attributes_bytes if _native is not None else py_attributes_bytes
+)
 
 
 def _flags(parent: Any) -> bytes:
@@ -189,7 +214,10 @@ def encode_span(span: Any) -> bytes:
         parts.append(b"\x39" + _pack_q(span.start_time))
     if span.end_time:
         parts.append(b"\x41" + _pack_q(span.end_time))
-    parts += _attributes(b"\x4a", span.attributes)
+    # The SDK's ReadableSpan.attributes is a read-only proxy whose items() walk the ABC
+    # machinery of BoundedAttributes; its plain dict holds the same items in order.
+    plain = getattr(getattr(span, "_attributes", None), "_dict", None)
+    parts.append(attributes_bytes(b"\x4a", plain if type(plain) is dict else span.attributes))
     dropped = span.dropped_attributes
     if dropped:
         parts.append(b"\x50" + _varint(dropped))
@@ -199,7 +227,7 @@ def encode_span(span: Any) -> bytes:
             body.append(b"\x09" + _pack_q(event.timestamp))
         if event.name:
             body.append(_ld(b"\x12", event.name.encode("utf-8")))
-        body += _attributes(b"\x1a", event.attributes)
+        body.append(attributes_bytes(b"\x1a", event.attributes))
         if event.dropped_attributes:
             body.append(b"\x20" + _varint(event.dropped_attributes))
         parts.append(_ld(b"\x5a", b"".join(body)))
@@ -210,7 +238,7 @@ def encode_span(span: Any) -> bytes:
             b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big"),
             b"\x12\x08" + link.context.span_id.to_bytes(8, "big"),
         ]
-        body += _attributes(b"\x22", link.attributes)
+        body.append(attributes_bytes(b"\x22", link.attributes))
         if link.dropped_attributes:
             body.append(b"\x28" + _varint(link.dropped_attributes))
         body.append(b"\x35" + _flags(link.context))
@@ -239,7 +267,7 @@ def _resource(resource: Any) -> bytes:
     hit = _resource_cache.get(id(resource))
     if hit is not None and hit[0] is resource:
         return hit[1]
-    encoded = b"".join(_attributes(b"\x0a", resource.attributes))
+    encoded = attributes_bytes(b"\x0a", resource.attributes)
     if len(_resource_cache) >= 64:
         _resource_cache.clear()
     _resource_cache[id(resource)] = (resource, encoded)
@@ -257,7 +285,7 @@ def _scope(scope: Any) -> bytes:
             parts.append(_ld(b"\x0a", scope.name.encode("utf-8")))
         if scope.version:
             parts.append(_ld(b"\x12", scope.version.encode("utf-8")))
-        parts += _attributes(b"\x1a", scope.attributes)
+        parts.append(attributes_bytes(b"\x1a", scope.attributes))
         encoded = b"".join(parts)
         if len(_scope_cache) >= 256:
             _scope_cache.clear()

@@ -3,8 +3,10 @@ request, byte for byte and decoded, for every kind of span otelgpu and users pro
 
 from __future__ import annotations
 
+import enum
 import random
 import time
+import types
 from typing import Any
 
 import pytest
@@ -21,7 +23,11 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 import otelgpu
+from otelgpu import _impl
 from otelgpu.otel import span_encoding
+
+#: The native attribute encoder, when this run uses the native core.
+TWINS = _impl.native_module("otelgpu.otel._otlp_c")
 
 
 def _provider(resource: Resource | None = None) -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -195,3 +201,75 @@ def test_pipeline_recording_metrics_line_equals_protobuf_printer_on_every_kind()
         assert metrics_line(data) == expected
         kinds.update(k for k in CASES if f'"{k}"' in expected)
     assert kinds == set(CASES)  # every case was generated at least once
+
+
+class _Code(enum.IntEnum):
+    A = 3
+
+
+class _Text(str):
+    pass
+
+
+ATTRIBUTE_VALUES: dict[str, Any] = {
+    "ascii": "abc",
+    "empty str": "",
+    "unicode": "GPU-é-名-🚀",
+    "lone surrogate": "a\ud800b",
+    "long str": "x" * 300,
+    "true": True,
+    "false": False,
+    "zero": 0,
+    "small int": 127,
+    "int": 128,
+    "negative int": -1,
+    "int64 max": (1 << 63) - 1,
+    "int64 min": -(1 << 63),
+    "beyond int64": 1 << 64,
+    "float": 0.1,
+    "negative zero": -0.0,
+    "nan": float("nan"),
+    "inf": float("-inf"),
+    "none": None,
+    "bytes": b"\x00\xff",
+    "str tuple": ("a", "b"),
+    "mixed list": ["a", 1, 2.5, True],
+    "empty tuple": (),
+    "long list": list(range(40)),
+    "tuple with None": ("a", None),
+    "nested": (("a",), ("b",)),
+    "mapping": {"k": 1},
+    "enum": _Code.A,
+    "str subclass": _Text("t"),
+    "list beyond int64": [1 << 64],
+}
+
+
+@pytest.mark.skipif(not TWINS, reason="this run forces the pure-Python twin")
+@pytest.mark.parametrize("tag", [b"\x0a", b"\x4a"])
+def test_native_attribute_encoder_equals_the_twin(tag: bytes) -> None:
+    """Every value kind, one at a time and all in one mapping (plain dict, the SDK's
+    BoundedAttributes and a read-only proxy): the same bytes from both encoders."""
+    from opentelemetry.attributes import BoundedAttributes
+
+    assert TWINS is not None
+    for name, value in ATTRIBUTE_VALUES.items():
+        one = {f"k.{name}": value}
+        assert TWINS.attributes_bytes(tag, one) == span_encoding.py_attributes_bytes(tag, one), name
+    every = {f"k.{name}": value for name, value in ATTRIBUTE_VALUES.items()}
+    expected = span_encoding.py_attributes_bytes(tag, every)
+    bounded = BoundedAttributes(attributes={k: v for k, v in every.items() if v is not None})
+    for mapping in (every, types.MappingProxyType(every)):
+        assert TWINS.attributes_bytes(tag, mapping) == expected
+    assert TWINS.attributes_bytes(tag, bounded) == span_encoding.py_attributes_bytes(tag, bounded)
+    assert TWINS.attributes_bytes(tag, {}) == TWINS.attributes_bytes(tag, None) == b""
+
+
+def test_encoded_attributes_decode_as_the_sdk_encodes_them() -> None:
+    """Whichever encoder this run uses: a span with every value kind encodes as the SDK's."""
+    tp, exporter = _provider()
+    with tp.get_tracer("t").start_as_current_span("s") as span:
+        for name, value in ATTRIBUTE_VALUES.items():
+            span.set_attribute(f"k.{name}", value)
+    (finished,) = exporter.get_finished_spans()
+    assert span_encoding.encode_request([finished]) == encode_spans([finished]).SerializeToString()

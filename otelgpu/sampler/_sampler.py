@@ -69,6 +69,8 @@ def _time_bound(value: object) -> int | None:
     OverflowError); ``None``, strings, NaN and the like give ``None``. Query methods are
     on the application's hot path: they answer "nothing" instead of raising.
     """
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the hot case: time_ns()
+        return value
     if isinstance(value, float):
         return min(max(int(value), _INT64_MIN), _INT64_MAX) if math.isfinite(value) else None
     try:

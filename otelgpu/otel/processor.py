@@ -13,8 +13,9 @@ opt-in SDK self-metrics, and a forked child restarts its worker. This one:
   ``shutdown_timeout_s`` plus one export's own timeout; spans still queued then are
   dropped and counted (``(traces, shutdown)``).
 
-``on_end`` (the application's hot path) is a deque append under no lock (plus, for step
-spans, the tail sampler's decision: ``otelgpu.otel.tail_sampling``).
+``on_end`` (the application's hot path) is the span's encoding where it is compact (see
+below) and a deque append under no lock (plus, for step spans, the tail sampler's
+decision: ``otelgpu.otel.tail_sampling``).
 
 The host never waits long for the export thread: with an exporter that takes
 pre-encoded batches (``otelgpu.otel.fast_export``), spans are encoded one by one
@@ -24,18 +25,18 @@ request; requests carry at most ``ENCODED_BATCH`` spans, so no single C call (pa
 serialising, sending) holds the GIL for long either. Without it (console, a user's
 exporter), batches are exported as the SDK's processor would.
 
-Spans are encoded early when the encoding is compact (OTLP protobuf bytes): the thread
-wakes every ``ENCODE_EVERY_S`` or as soon as ``ENCODE_AT`` spans are queued, turns the
-queued spans into bytes, and sends them once a batch is full or the schedule delay has
-passed. A queued SDK span is about twenty objects the garbage collector tracks; held for
-the whole schedule delay (seconds), they outlive two young collections and are promoted
-to the oldest generation, and those promotions are what trigger full collections (tens
-of ms with the GIL held, in whichever thread allocates -- often the host's). Bytes are
-not tracked, so encoded spans promote nothing. Young collections follow allocations, so
-at thousands of spans per second even ``ENCODE_EVERY_S`` is several of them (8 GPUs,
-OTLP gRPC, ~3,000 requests/s: one full collection every ~15,000 requests; woken at 64
-spans, as often); the ``ENCODE_AT`` wake bounds a span's wait in allocations instead
-(none in 90,000 requests).
+Spans are encoded at once, on the thread that ends them, when the encoding is compact
+(OTLP protobuf bytes, written natively: ~5 µs for a request span with 26 attributes; the
+recording's JSON text); the export thread then only sends, once a batch is ready or the
+schedule delay has passed. Two reasons. A queued SDK span is about twenty objects the
+garbage collector tracks; held for the whole schedule delay (seconds), they outlive two
+young collections and are promoted to the oldest generation, and those promotions are
+what trigger full collections (tens of ms with the GIL held, in whichever thread
+allocates -- often the host's). Bytes are not tracked, so encoded spans promote nothing.
+And encoding in the background meant waking the export thread every few tens of ms: a
+thread that wakes needs the GIL, and a host that runs Python without pause hands it over
+only when forced (at the end of a switch interval), one pause per wake (a 50 steps/s loop
+lost the GIL ~2.5 times per step to the export thread and the metric reader).
 """
 
 from __future__ import annotations
@@ -60,21 +61,10 @@ from otelgpu.otel.tail_sampling import StepSpanSampler
 SLICE_S, YIELD_S = slicing.SLICE_S, slicing.YIELD_S
 #: Most spans per pre-encoded request.
 ENCODED_BATCH = 128
-#: How often queued spans are encoded (compact encodings), whatever the schedule delay.
-ENCODE_EVERY_S = 0.05
-#: Queued spans that wake the thread to encode them at once (compact encodings).
-ENCODE_AT = 16
 #: Spans waiting (queued or encoded, not sent) at which the export thread counts as
 #: falling behind, as a share of the queue's capacity: span ends then hand it the GIL
 #: (see ``on_end``).
 BEHIND_SHARE = 8
-#: With early encoding, this many queued spans (not encoded yet: SDK objects the garbage
-#: collector tracks) count as behind as well: a span that waits longer outlives the young
-#: collections and is promoted to the oldest
-#: generation, and enough promotions make the interpreter run a full collection (tens of
-#: ms, in whichever thread allocates). Measured, 20,000 requests on 8 GPUs as fast as a
-#: host can: a full collection in half the runs at 256 and at 64, in none at 32.
-BEHIND_EARLY = 2 * ENCODE_AT
 #: While behind, one span end in this many hands the GIL to the export thread.
 HAND_OVER_EVERY = 4
 
@@ -112,22 +102,20 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._encoded = bool(getattr(exporter, "accepts_encoded", False))
         #: Encode early (module docstring): only when the encoding is bytes.
         self._early = self._encoded and bool(getattr(exporter, "compact_encoding", False))
-        #: Spans encoded early, not sent yet: ``(origin, bytes)``.
-        self._ready: list[tuple[_Origin, Any]] = []
+        #: Spans encoded at their end, not sent yet: ``(origin, bytes)`` (appended by the
+        #: ending threads, taken from the left by the export thread).
+        self._ready: collections.deque[tuple[_Origin, Any]] = collections.deque()
+        self._encode: Any = getattr(exporter, "encode_span", None)
         self._origins: dict[tuple[int, Any], _Origin] = {}
         self._last_export = time.monotonic()
         self._shutdown_timeout_s = shutdown_timeout_s
         self._stats = stats
         self._max_queue_size = max_queue_size
         self._batch_size = min(max_export_batch_size, max_queue_size)
-        #: Queue length that wakes the thread before its timer: with early encoding,
-        #: ``ENCODE_AT`` spans, so a queued span waits for a bounded number of allocations
-        #: (young collections), whatever the span rate (module docstring).
-        self._wake_at = min(ENCODE_AT, self._batch_size) if self._early else self._batch_size
-        #: Queue length at which span ends hand the export thread the GIL (``on_end``).
+        #: Spans waiting that wake the thread before its timer: a batch.
+        self._wake_at = self._batch_size
+        #: Spans waiting at which span ends hand the export thread the GIL (``on_end``).
         self._behind_at = max(self._wake_at, max_queue_size // BEHIND_SHARE)
-        #: Queued (not yet encoded) spans at which span ends hand it the GIL, too.
-        self._behind_queued = max(self._wake_at, BEHIND_EARLY) if self._early else self._behind_at
         self._behind = 0
         #: How many times a span end handed the GIL to the falling-behind export thread.
         self.host_hand_overs = 0
@@ -148,7 +136,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def _after_fork_in_child(self) -> None:
         # The parent's spans belong to the parent; the child exports nothing at all.
         self._queue.clear()
-        self._ready = []
+        self._ready = collections.deque()
         self._stopped = True
         self._export_lock = threading.Lock()
 
@@ -170,12 +158,34 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         if len(self._queue) + len(self._ready) >= self._max_queue_size:
             self._stats.add_dropped("traces", "queue_full")
             return
-        self._queue.append(span)
-        queued = len(self._queue)
-        if queued >= self._wake_at:
+        if self._early:  # encoded now, on this thread (module docstring)
+            try:
+                body = self._encode(span)
+            except Exception as exc:  # noqa: BLE001 - one bad span must not sink the rest
+                self._stats.report_error("span encoding", exc)
+                self._stats.add_dropped("traces", "encoding_failed")
+                return
+            self._ready.append((self._origin(span), body))
+            waiting = len(self._ready)
+        else:
+            self._queue.append(span)
+            waiting = len(self._queue)
+        if waiting >= self._wake_at:
             self._wake.set()
-            if queued >= self._behind_queued or queued + len(self._ready) >= self._behind_at:
+            if waiting + len(self._queue if self._early else self._ready) >= self._behind_at:
                 self._hand_over()
+
+    def _origin(self, span: ReadableSpan) -> _Origin:
+        """The shared :class:`_Origin` of ``span``'s resource and scope."""
+        scope = span.instrumentation_scope or None
+        key = (id(span.resource), scope)
+        origins = self._origins
+        origin = origins.get(key)
+        if origin is None or origin.resource is not span.resource:
+            if len(origins) >= 64:
+                origins.clear()
+            origin = origins[key] = _Origin(span.resource, scope)
+        return origin
 
     def _hand_over(self) -> None:
         """The export thread is falling behind: hand it the GIL from the ending thread,
@@ -193,17 +203,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
         while not self._stopped:
-            self._wake.wait(ENCODE_EVERY_S if self._early else self._delay_s)
+            self._wake.wait(self._delay_s)
             self._wake.clear()
             if self._stopped:
                 break
-            if self._early:
-                with self._export_lock:
-                    if os.getpid() == self._pid:
-                        self._encode_queue()
-                due = time.monotonic() - self._last_export >= self._delay_s
-                if not due and len(self._ready) < self._batch_size:
-                    continue
             self._export_all()
 
     def _export_all(self, deadline: float | None = None) -> bool:
@@ -271,8 +274,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 break
             if deadline is None and self._stopped:
                 return False
-            chunk = self._ready[:ENCODED_BATCH]
-            del self._ready[:ENCODED_BATCH]
+            ready = self._ready
+            chunk = [ready.popleft() for _ in range(min(ENCODED_BATCH, len(ready)))]
             # Assembling and sending (a C call that may hold the GIL) start a new slice
             # if encoding used this one up.
             slicing.tick()
@@ -283,36 +286,23 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         return ok
 
     def _encode_queue(self) -> None:
-        """Move queued spans (a batch at most) into ``_ready`` as bytes, handing the GIL back every
-        ``SLICE_S`` (the thread's :func:`slicing.tick` slice, shared with the sends; export
-        lock held)."""
+        """Move queued spans (a batch at most) into ``_ready`` as bytes, handing the GIL back
+        every ``SLICE_S`` (export lock held). Spans are encoded as they end; this catches
+        those queued before an exporter could take encoded batches."""
         tick = slicing.tick
-        exporter: Any = self._exporter
-        encode = exporter.encode_span
-        queue, ready, origins = self._queue, self._ready, self._origins
-        # At most a batch per call, so that spans arriving as fast as they are encoded
-        # cannot keep the thread from sending.
+        queue, ready = self._queue, self._ready
         for _ in range(self._batch_size):
-            if not queue:
-                break
             try:
                 span = queue.popleft()
             except IndexError:
                 break
             try:
-                body = encode(span)
+                body = self._encode(span)
             except Exception as exc:  # noqa: BLE001 - one bad span must not sink the batch
                 self._stats.report_error("span encoding", exc)
                 self._stats.add_dropped("traces", "encoding_failed")
                 continue
-            scope = span.instrumentation_scope or None
-            key = (id(span.resource), scope)
-            origin = origins.get(key)
-            if origin is None or origin.resource is not span.resource:
-                if len(origins) >= 64:
-                    origins.clear()
-                origin = origins[key] = _Origin(span.resource, scope)
-            ready.append((origin, body))
+            ready.append((self._origin(span), body))
             tick()
 
     def _encode_sliced(self, batch: list[ReadableSpan]) -> tuple[list[ReadableSpan], Any]:
@@ -350,7 +340,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             left = len(self._queue) + len(self._ready)
             if left:
                 self._queue.clear()
-                self._ready = []
+                self._ready.clear()
                 self._stats.add_dropped("traces", "shutdown", left)
         try:
             self._exporter.shutdown()
@@ -365,7 +355,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         left = len(self._queue) + len(self._ready)
         if left:
             self._queue.clear()
-            self._ready = []
+            self._ready.clear()
             self._stats.add_dropped("traces", "shutdown_timeout", left)
 
     @property

@@ -1,6 +1,7 @@
-"""The batch processor encodes queued spans early (``otelgpu.otel.processor``): after a
-moment the queue holds bytes, not SDK spans (nothing for the garbage collector to promote),
-and every span still reaches the collector -- over OTLP gRPC, OTLP HTTP and the recording."""
+"""The batch processor encodes spans as they end (``otelgpu.otel.processor``): the queue
+holds bytes, not SDK spans (nothing for the garbage collector to promote), the export
+thread is not woken per span, and every span still reaches the collector -- over OTLP
+gRPC, OTLP HTTP and the recording."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _exporter(kind: str, receiver: Any, tmp_path: Path) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["grpc", "http", "recording"])
-def test_queued_spans_are_encoded_early_and_all_delivered(
+def test_spans_are_encoded_as_they_end_and_all_delivered(
     otlp_receiver: Any, tmp_path: Path, kind: str
 ) -> None:
     stats = InternalStats()
@@ -59,9 +60,7 @@ def test_queued_spans_are_encoded_early_and_all_delivered(
             pass
         refs.append(weakref.ref(s))
     del s
-    deadline = time.monotonic() + 10
-    while processor._queue and time.monotonic() < deadline:
-        time.sleep(proc.ENCODE_EVERY_S)
+    assert not processor._queue  # encoded at once: no SDK span waits
     gc.collect()
     assert not any(r() is not None for r in refs)  # the processor keeps bytes, not spans
     assert processor.queued == 300  # nothing sent before the schedule delay
@@ -96,9 +95,7 @@ def test_shutdown_counts_encoded_spans_it_could_not_send(tmp_path: Path) -> None
     for i in range(20):
         with tp.get_tracer("t").start_as_current_span(f"s{i}"):
             pass
-    deadline = time.monotonic() + 10
-    while processor._queue and time.monotonic() < deadline:
-        time.sleep(proc.ENCODE_EVERY_S)
+    assert processor.queued == 20
     processor.abandon()
     assert stats.dropped() == {("traces", "shutdown_timeout"): 20}
     assert processor.queued == 0
@@ -135,4 +132,45 @@ def test_a_host_that_never_releases_the_gil_loses_no_spans(otlp_receiver: Any) -
         for ss in rs.scope_spans
     )
     assert delivered == total
+    tp.shutdown()
+
+
+def test_the_export_thread_sleeps_until_a_batch_or_the_schedule_delay(otlp_receiver: Any) -> None:
+    """Spans ending at 100 per second for 1 s, schedule delay 30 s: the export thread is
+    never woken (a thread that wakes takes the GIL from a host that runs Python), and a
+    full batch wakes it to send at once."""
+    stats = InternalStats()
+    exporter = GuardedSpanExporter(
+        EncodedSpanExporter(_exporter("grpc", otlp_receiver, Path("."))), stats
+    )
+    processor = proc.BoundedBatchSpanProcessor(
+        exporter, stats=stats, schedule_delay_s=30.0, max_export_batch_size=200
+    )
+    cpu = time.pthread_getcpuclockid(processor._thread.ident or 0)
+    tp = TracerProvider(shutdown_on_exit=False)
+    tp.add_span_processor(processor)
+    tracer = tp.get_tracer("t")
+    before = time.clock_gettime_ns(cpu)
+    for _ in range(100):
+        with tracer.start_as_current_span("s", attributes={"a": 1.0}):
+            pass
+        time.sleep(0.01)
+    assert processor.queued == 100
+    assert time.clock_gettime_ns(cpu) == before  # not woken: no CPU at all
+    for _ in range(100):  # the batch fills: sent without waiting for the delay
+        with tracer.start_as_current_span("s"):
+            pass
+    deadline = time.monotonic() + 10
+    while processor.queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert processor.queued == 0
+    assert (
+        sum(
+            len(ss.spans)
+            for r in otlp_receiver.requests("traces")
+            for rs in r.resource_spans
+            for ss in rs.scope_spans
+        )
+        == 200
+    )
     tp.shutdown()

@@ -51,7 +51,7 @@ print(json.dumps({"steps": steps, "full": full}))
 )
 def test_no_full_collection_during_a_busy_loop(exporter: str, kind: str, tmp_path: Path) -> None:
     """Steps (1 GPU) for 12 s, or 20,000 requests (8 GPUs, every request a span, thousands
-    per second: queued spans are encoded as soon as a few wait, ``processor.ENCODE_AT``).
+    per second: spans are encoded as they end, ``otelgpu.otel.processor``).
     In this bare process a full collection falls due after ~14,000 promotions; waiting
     spans promoted ~0.9 objects per request before (a full collection every ~15,000
     requests), ~0.2 now."""

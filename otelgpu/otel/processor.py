@@ -60,7 +60,7 @@ from otelgpu.otel.tail_sampling import StepSpanSampler
 #: The GIL hand-back rhythm shared by otelgpu's background threads (seconds).
 SLICE_S, YIELD_S = slicing.SLICE_S, slicing.YIELD_S
 #: Most spans per pre-encoded request.
-ENCODED_BATCH = 128
+ENCODED_BATCH = 512
 #: Spans waiting (queued or encoded, not sent) at which the export thread counts as
 #: falling behind, as a share of the queue's capacity: span ends then hand it the GIL
 #: (see ``on_end``).

@@ -7,6 +7,9 @@ Measured with vLLM's real stats objects (``SchedulerStats``, ``IterationStats``,
   request finishing) -- the common case;
 * a step in which 1 and 8 requests finish (one span each, with the GPU context of the
   request's lifetime from the simulated GPU, plus the request metrics);
+* the same steps with everything a finishing request causes: the deferred span work and
+  the export of its span over OTLP gRPC to a live receiver in another process -- process
+  CPU (every thread) per ``record()``, each round ending with a flush of what it produced;
 
 next to vLLM's own loggers on the same objects: ``PrometheusStatLogger`` (always on in
 ``vllm serve``) and ``LoggingStatLogger``. A decode step of an 8B model on one H100 takes
@@ -28,6 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from bench_export import start_receiver
 from bench_pipeline import providers
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -43,6 +47,20 @@ def measure(fn: Callable[[], None], n: int, rounds: int) -> float:
         for _ in range(n):
             fn()
         best = min(best, (time.perf_counter_ns() - t0) / n)
+    return best
+
+
+def measure_cpu(fn: Callable[[], None], n: int, rounds: int, flush: Callable[[], None]) -> float:
+    """Best process CPU (every thread) ns per call over ``rounds`` rounds of ``n`` calls,
+    each round ending with ``flush()`` (the export of what the calls produced)."""
+    best = float("inf")
+    for _ in range(rounds):
+        flush()
+        t0 = time.process_time_ns()
+        for _ in range(n):
+            fn()
+        flush()
+        best = min(best, (time.process_time_ns() - t0) / n)
     return best
 
 
@@ -92,12 +110,20 @@ def main() -> int:
     from otelgpu import sim
 
     sim.activate("inference-bursty", clock="wall")
+    import tempfile
+
     import otelgpu
     from otelgpu import _runtime
 
-    tp, mp = providers()  # spans batched to a null exporter, as the pipeline benchmark
-    handle = otelgpu.instrument(
-        tracer_provider=tp, meter_provider=mp, exporters="none", sample_interval_ms=100
+    receiver, grpc_port, _http_port = start_receiver(Path(tempfile.mkdtemp(prefix="bench-vllm-")))
+    _tp, mp = providers()
+    handle = otelgpu.instrument(  # spans exported over OTLP gRPC to a live receiver
+        meter_provider=mp,
+        exporters="otlp",
+        otlp_protocol="grpc",
+        otlp_endpoint=f"http://127.0.0.1:{grpc_port}",
+        otlp_insecure=True,
+        sample_interval_ms=100,
     )
     runtime = _runtime.current()
     assert runtime is not None and runtime.sampler is not None, "no simulated GPU sampler"
@@ -133,6 +159,7 @@ def main() -> int:
         label: n if finishing == 0 else max(50, n // (4 * finishing))
         for label, _, finishing in cases
     }
+    finishing_of = {label: finishing for label, _, finishing in cases}
     best: dict[tuple[str, str], float] = {}
     for _ in range(passes):  # interleaved passes: a burst of load hits every row alike
         for label, _, _ in cases:
@@ -142,6 +169,10 @@ def main() -> int:
                 ours.record(s, i, None, 0)
                 runtime.deferred.drain()  # the span work the engine loop hands off
 
+            if finishing_of[label]:
+                ns = measure_cpu(with_deferred, calls_of[label], rounds, handle.force_flush)
+                key = (label, "otelgpu+deferred+export")
+                best[key] = min(best.get(key, float("inf")), ns)
             for who, fn in (
                 ("otelgpu", lambda s=sched, i=it: ours.record(s, i, None, 0)),
                 ("otelgpu+deferred", with_deferred),
@@ -165,9 +196,21 @@ def main() -> int:
                     float("nan"),
                 )
             )
+            rows.append(
+                (
+                    label + ", all of it: loop, deferred span work and the span's export "
+                    "(process CPU, every thread)",
+                    best[(label, "otelgpu+deferred+export")],
+                    best[(label, "prometheus")],
+                    float("nan"),
+                )
+            )
     errors = runtime.stats.errors()
+    dropped = runtime.stats.dropped()
     handle.shutdown()
+    receiver.kill()
     assert errors == {}, errors
+    assert dropped == {}, dropped
 
     # The same steps with request spans sampled out (OTELGPU_TRACES_SAMPLER=always_off or a
     # ratio sampler's unsampled share): the metrics are still recorded.
@@ -201,8 +244,9 @@ def main() -> int:
         "",
         f"Python {platform.python_version()}, {platform.machine()}, vLLM "
         f"{sys.modules['vllm'].__version__}, native core: {otelgpu.NATIVE}; GPU context "
-        f"from 2 simulated GPUs sampled at 10 Hz; spans to a BatchSpanProcessor with a no-op "
-        f"exporter. {n} calls per round (fewer for steps with finishing requests), best of "
+        f"from 2 simulated GPUs sampled at 10 Hz; spans exported by otelgpu over OTLP gRPC "
+        f"to a live receiver in another process. {n} calls per round (fewer for steps with "
+        f"finishing requests), best of "
         f"{rounds} rounds x {passes} interleaved passes. Same vLLM stats objects for every "
         "column.",
         "",
@@ -222,9 +266,10 @@ def main() -> int:
         "lookup and a queue append; its span (GPU context of its lifetime, attributes) and "
         "latency metrics are made on the `otelgpu-deferred` thread, in slices that hand the "
         "GIL back every 0.3 ms (the 'incl. the deferred span work' rows: loop plus that work, "
-        "run inline). A step without finishing requests costs a few integer updates and one "
-        "sketch insert per inter-token latency. Export (encoding, sending) comes on top on the "
-        "export thread: see `benchmarks/results/export.md` (request rows). "
+        "run inline; wall time of the calling thread). The 'all of it' rows add the span's export "
+        "(encoding, as the span ends; sending, on the export thread) and count the process's "
+        "CPU time on every thread, each round flushed. A step without finishing requests "
+        "costs a few integer updates and one sketch insert per inter-token latency. "
         "Written by `benchmarks/bench_vllm.py`.",
         "",
     ]

@@ -8,13 +8,14 @@ they call only ``noexcept nogil`` C functions, allocate no Python objects and
 never raise. Python objects are created only by the query methods, on the
 caller's thread, from records copied out under a short C mutex.
 
-Queries over a short window (``SHORT_WINDOW_NS``: the span of a step or a request)
-keep the GIL: they touch a few samples per device, and releasing the GIL there, once per
-device, handed it to any waiting thread (otelgpu's export thread, say), which the
-caller -- the host's training or serving loop -- then had to wait for. No holder of the
-data mutex ever waits for the GIL (the sampling loop and the waiter never take it), so
-taking the mutex with the GIL held cannot deadlock. Longer windows (a report over
-minutes of samples) release the GIL while the C code walks them.
+Queries over a short window (up to ``SHORT_WINDOW_SAMPLES`` sampling periods: the span
+of a step or of a request, seconds long at 10 Hz) keep the GIL: they touch at most a
+thousand samples per device (~10 µs), and releasing the GIL there, once per device,
+handed it to any waiting thread (otelgpu's export thread, say), which the caller -- the
+host's training or serving loop -- then had to wait for. No holder of the data mutex ever
+waits for the GIL (the sampling loop and the waiter never take it), so taking the mutex
+with the GIL held cannot deadlock. Longer windows (a report over minutes of samples)
+release the GIL while the C code walks them.
 """
 
 import threading
@@ -25,13 +26,13 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strncpy
 
-#: Windows up to this long (ns) are read with the GIL held (module docstring).
-cdef int64_t SHORT_WINDOW_NS = 1000000000
+#: Windows up to this many sampling periods are read with the GIL held (module docstring).
+cdef uint64_t SHORT_WINDOW_SAMPLES = 1024
 
 
-cdef inline bint _long_window(int64_t s_ns, int64_t e_ns) noexcept nogil:
+cdef inline bint _long_window(int64_t s_ns, int64_t e_ns, uint64_t short_ns) noexcept nogil:
     # unsigned difference: defined for any pair of int64 bounds
-    return e_ns > s_ns and <uint64_t>e_ns - <uint64_t>s_ns > <uint64_t>SHORT_WINDOW_NS
+    return e_ns > s_ns and <uint64_t>e_ns - <uint64_t>s_ns > short_ns
 
 cdef extern from "otg_sampler.h" nogil:
     ctypedef struct otg_nvml_t:
@@ -205,12 +206,14 @@ cdef class NativeCore:
     cdef otg_state_t *_st
     cdef object _threads
     cdef int _ndev
+    cdef uint64_t _short_ns
     cdef public str kind
 
     def __cinit__(self, uuids, int64_t interval_ns, uint64_t capacity, int64_t offset_ns,
                   uint64_t event_capacity):
         cdef bytes raw
         self._ndev = len(uuids)
+        self._short_ns = <uint64_t>(interval_ns if interval_ns > 0 else 1) * SHORT_WINDOW_SAMPLES
         self._st = otg_create(self._ndev, capacity, interval_ns, offset_ns, event_capacity)
         if self._st == NULL:
             raise MemoryError("otelgpu: cannot allocate the sampler's ring buffers")
@@ -329,7 +332,7 @@ cdef class NativeCore:
         cdef int found
         if i < 0 or i >= self._ndev:
             return None
-        if _long_window(s_ns, e_ns):
+        if _long_window(s_ns, e_ns, self._short_ns):
             with nogil:
                 found = otg_window(self._st, i, s_ns, e_ns, &w)
         else:
@@ -368,7 +371,7 @@ cdef class NativeCore:
         lost = []
         throttled = []
         seen = []
-        cdef bint release = _long_window(s_ns, e_ns)
+        cdef bint release = _long_window(s_ns, e_ns, self._short_ns)
         order = range(self._ndev) if devs is None else devs
         for i in order:
             if i < 0 or i >= self._ndev:
@@ -462,7 +465,7 @@ cdef class NativeCore:
         cdef otg_event_t *buf = small
         cdef int maxn = 32
         cdef int n
-        if _long_window(s_ns, e_ns):
+        if _long_window(s_ns, e_ns, self._short_ns):
             with nogil:
                 n = otg_events_copy(self._st, s_ns, e_ns, dev, kind, buf, maxn)
         else:

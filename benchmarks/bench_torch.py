@@ -12,6 +12,15 @@ otelgpu Runtime on the OpenTelemetry SDK (batch span processor with a no-op expo
 metric reader), so span creation, sketches and counters are all paid for (the work of
 otelgpu's background step thread is flushed inside each timed repetition).
 
+With ``--callgrind-steps N`` (valgrind installed), it also counts instructions per
+steady-state step under ``valgrind --tool=callgrind``, one child process per mode, after a
+warm-up long enough to pass the one-off FLOP count: the training thread's own count (the
+hooks on the step's path) and every thread's (plus the background step thread, the span
+encoding and, with ``--export``, the export of the counted steps' spans, flushed at the
+end). Instruction counts do not move with the load of a shared machine as step times
+do. The children export on flush only (no schedule timers: under valgrind's ~50x
+slowdown a timer would fire ~50x more often per step than in a real run).
+
 Run: ``.venv/bin/python benchmarks/bench_torch.py`` (about 20 s). Writes
 ``benchmarks/results/torch.md``; exits 1 if the overhead is 2 % or more.
 """
@@ -21,8 +30,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,10 +67,13 @@ def _runtime() -> Any:
     return Runtime(Settings(gpu=False), tracer_provider=tp, meter_provider=mp), reader
 
 
-def _exporting_runtime(directory: str, step_spans_per_second: int = 0) -> tuple[Any, Any]:
+def _exporting_runtime(
+    directory: str, step_spans_per_second: int = 0, *, timers: bool = True
+) -> tuple[Any, Any]:
     """A runtime built by ``otelgpu.instrument()`` exporting step spans to the local
     recording (OTLP/JSON, otelgpu's export thread), metrics to an in-memory reader: every
-    step span (``step_spans_per_second=0``), or the tail-keeping sampling's choice."""
+    step span (``step_spans_per_second=0``), or the tail-keeping sampling's choice.
+    ``timers=False``: spans and sketches are exported only when flushed (no schedule)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -71,7 +87,8 @@ def _exporting_runtime(directory: str, step_spans_per_second: int = 0) -> tuple[
         gpu=False,
         frameworks="none",
         step_spans_per_second=step_spans_per_second,
-        span_schedule_delay_ms=200,
+        span_schedule_delay_ms=200 if timers else 3_600_000,
+        **({} if timers else {"metric_export_interval_ms": 3_600_000}),
     )
     return handle.runtime, reader
 
@@ -181,6 +198,92 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+#: Steps run before callgrind counts: the step rule's warm-up, the phase discovery and the
+#: one FLOP-counted step (``otelgpu.instrumentation.torch._flops``) are behind by then.
+CALLGRIND_WARMUP = 40
+
+
+def _callgrind_child(args: argparse.Namespace) -> int:
+    """Runs under callgrind with collection off; switches it on around the counted steps
+    (and, instrumented, the flush of the background step thread and of the spans)."""
+    from otelgpu.instrumentation.torch import TorchInstrumentor, flush
+
+    torch.set_num_threads(1)
+    instrumented = args.callgrind_child == "instrumented"
+    runtime, _reader = (
+        _runtime()
+        if args.export is None
+        else _exporting_runtime(args.export, args.step_spans_per_second, timers=False)
+    )
+    model, opt, loader = _setup(args.hidden, args.batch, args.callgrind_steps)
+    _m, _o, warm = _setup(args.hidden, args.batch, CALLGRIND_WARMUP)
+    inst = TorchInstrumentor()
+    if instrumented:
+        inst.instrument(runtime=runtime)
+    _epoch(model, opt, warm)
+
+    def done() -> None:
+        if instrumented:
+            flush()
+            if args.export is not None:
+                runtime.pipeline.tracer_provider.force_flush()
+
+    done()
+
+    def control(state: str) -> None:
+        subprocess.run(
+            ["callgrind_control", "-i", state, str(os.getpid())],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+
+    control("on")
+    _epoch(model, opt, loader)
+    done()
+    control("off")
+    os._exit(0)
+
+
+def _callgrind(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, dict[str, float]] | str:
+    """Instructions per step of each mode: ``{mode: {"training thread", "all threads"}}``."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None or shutil.which("callgrind_control") is None:
+        return "valgrind not installed"
+    out: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        children = {}
+        for mode in ("plain", "instrumented"):
+            cmd = [
+                valgrind,
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                "--separate-threads=yes",
+                f"--callgrind-out-file={tmp}/{mode}.out",
+                sys.executable,
+                __file__,
+                *argv,
+                "--callgrind-child",
+                mode,
+            ]
+            children[mode] = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+        errors = []
+        for mode, child in children.items():
+            _, err = child.communicate(timeout=3600)
+            totals = []
+            for path in sorted(Path(tmp).glob(f"{mode}.out-*")):
+                found = re.search(r"^totals: (\d+)", path.read_text(errors="replace"), re.M)
+                totals.append(int(found.group(1)) if found else 0)
+            if child.returncode != 0 or not totals:
+                errors.append(f"{mode}: rc={child.returncode} {err[-300:]!r}")
+                continue
+            n = args.callgrind_steps
+            out[mode] = {"training thread": totals[0] / n, "all threads": sum(totals) / n}
+    return "; ".join(errors) if errors else out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = loop_parser(__doc__, reps=40, steps=40)
     parser.add_argument(
@@ -205,7 +308,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --export: tail-keeping sampling of step spans (otelgpu's default is 100; "
         "0 exports every span, the whole cost; writes results/torch-export-sampled.md)",
     )
+    parser.add_argument(
+        "--callgrind-steps",
+        type=int,
+        default=0,
+        help="also count instructions per steady-state step under callgrind (0: off; "
+        "about 4 min for 20 steps)",
+    )
+    parser.add_argument(
+        "--callgrind-child", choices=["plain", "instrumented"], help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
+    if args.callgrind_child:
+        return _callgrind_child(args)
 
     from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 
@@ -275,6 +390,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     expected_steps = (args.reps + 1) * args.steps
     parts = _components(runtime)
     ok = overhead < TARGET and steps_recorded == expected_steps
+    counted: list[str] = []
+    if args.callgrind_steps:
+        child_argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write"]
+        found = _callgrind(args, child_argv)
+        if isinstance(found, str):
+            counted = ["", f"Instructions per step: not measured ({found}).", ""]
+        else:
+            plain_i, inst_i = found["plain"], found["instrumented"]
+            counted = [
+                "",
+                f"**Instructions per steady-state step** (`valgrind --tool=callgrind`, "
+                f"{args.callgrind_steps} steps per mode after {CALLGRIND_WARMUP} of warm-up, "
+                "one child process per mode; load-independent):",
+                "",
+                "| | plain | instrumented | added |",
+                "|---|---:|---:|---:|",
+                *(
+                    f"| {k} | {plain_i[k] / 1e6:.2f} M | {inst_i[k] / 1e6:.2f} M | "
+                    f"{(inst_i[k] / plain_i[k] - 1) * 100:+.2f} % |"
+                    for k in ("training thread", "all threads")
+                ),
+                "",
+                "The training thread's figure is what the hooks on the step's path cost; "
+                "'all threads' adds the background step thread (metrics, span), the span "
+                "encoding and the export of the counted steps' spans (flushed at the end; "
+                "no schedule timers in these children: under valgrind's ~50x slowdown a "
+                "timer would fire ~50x more often per step).",
+            ]
     lines = [
         "# PyTorch instrumentation overhead",
         "",
@@ -334,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "| part | µs per step |",
         "|---|---|",
         *(f"| {name} | {us:.1f} |" for name, us in parts.items()),
+        *counted,
         "",
         f"Load average of the machine at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} "
         "CPUs. On a shared machine the wall-clock comparison moves by a few percent between "

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # this checkout's otelgpu (built in place), not whichever one the environment installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_torch import _epoch, _runtime, _setup, loop_parser
+from bench_torch import _epoch, _runtime, _setup, callgrind_control, loop_parser
 
 RESULTS = Path(__file__).resolve().parent / "results" / "diagnosis.md"
 TARGET = 0.005
@@ -377,19 +377,11 @@ def _callgrind_child(mode: str, steps: int, hidden: int, batch: int) -> int:
         active._send(window, 0)
         _settle()
 
-    def control(state: str) -> None:
-        subprocess.run(
-            ["callgrind_control", "-i", state, str(os.getpid())],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-
-    control("on")
+    callgrind_control("on")
     _epoch(model, opt, loader)
     if inst is not None:
         _settle()
-    control("off")
+    callgrind_control("off")
     if inst is not None:
         inst.uninstrument()
     return 0

@@ -203,6 +203,16 @@ def _pct(values: list[float], q: float) -> float:
 CALLGRIND_WARMUP = 40
 
 
+def callgrind_control(state: str) -> None:
+    """Switches callgrind's instrumentation of this process ``on`` or ``off``."""
+    subprocess.run(
+        ["callgrind_control", "-i", state, str(os.getpid())],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
 def _callgrind_child(args: argparse.Namespace) -> int:
     """Runs under callgrind with collection off; switches it on around the counted steps
     (and, instrumented, the flush of the background step thread and of the spans)."""
@@ -230,18 +240,10 @@ def _callgrind_child(args: argparse.Namespace) -> int:
 
     done()
 
-    def control(state: str) -> None:
-        subprocess.run(
-            ["callgrind_control", "-i", state, str(os.getpid())],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-
-    control("on")
+    callgrind_control("on")
     _epoch(model, opt, loader)
     done()
-    control("off")
+    callgrind_control("off")
     os._exit(0)
 
 

@@ -31,6 +31,7 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
+from otelgpu.otel.metric_protobuf import grouped_scopes
 from otelgpu.otel.slicing import Slicer
 from otelgpu.otel.span_json import attributes_json, scope_json
 
@@ -218,22 +219,19 @@ def metrics_line(metrics_data: MetricsData, slicer: Slicer | None = None) -> str
     """One recording line (an ``ExportMetricsServiceRequest`` as OTLP/JSON) of
     ``metrics_data``; ``slicer`` (default: a new one) ticks before every data point."""
     slicer = slicer or Slicer()
-    # Grouped as the SDK's encoder groups: by resource, then by scope (a later scope
-    # entry equal to an earlier one replaces it).
-    grouped: dict[Any, dict[Any, str]] = {}
-    for rm in metrics_data.resource_metrics:
-        scopes: dict[Any, str] = {}
-        grouped[rm.resource] = scopes
-        for sm in rm.scope_metrics:
-            scope = sm.scope
-            text = '{"scope":' + _dumps(scope_json(scope))
-            metrics = [_metric_text(metric, slicer) for metric in sm.metrics]
-            if metrics:
-                text += ',"metrics":[' + ",".join(metrics) + "]"
-            schema_url = getattr(scope, "schema_url", "")
-            if schema_url:
-                text += ',"schemaUrl":' + _dumps(schema_url)
-            scopes[scope] = text + "}"
+
+    def write_scope(sm: Any) -> str:
+        scope = sm.scope
+        text = '{"scope":' + _dumps(scope_json(scope))
+        metrics = [_metric_text(metric, slicer) for metric in sm.metrics]
+        if metrics:
+            text += ',"metrics":[' + ",".join(metrics) + "]"
+        schema_url = getattr(scope, "schema_url", "")
+        if schema_url:
+            text += ',"schemaUrl":' + _dumps(schema_url)
+        return text + "}"
+
+    grouped = grouped_scopes(metrics_data, write_scope)
     if not grouped:
         return "{}"
     resources = []

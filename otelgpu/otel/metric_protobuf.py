@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.sdk.metrics.export import (
     ExponentialHistogram,
@@ -39,7 +39,9 @@ from opentelemetry.sdk.metrics.export import (
 from otelgpu.otel.slicing import Slicer
 from otelgpu.otel.span_encoding import _ld, _resource, _scope, _varint, attributes_bytes
 
-__all__ = ["encode_request"]
+__all__ = ["encode_request", "grouped_scopes"]
+
+T = TypeVar("T")
 
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
@@ -217,26 +219,37 @@ def _metric(metric: Any, slicer: Slicer) -> bytes:
     return b"".join(body)
 
 
+def grouped_scopes(
+    metrics_data: MetricsData, write_scope: Callable[[Any], T]
+) -> dict[Any, dict[Any, T]]:
+    """``{resource: {scope: write_scope(scope_metrics)}}`` grouped as the SDK's encoder
+    groups: by resource, then by scope, a later entry equal to an earlier one replacing
+    its contents and keeping its place (the SDK's dictionaries)."""
+    grouped: dict[Any, dict[Any, T]] = {}
+    for rm in metrics_data.resource_metrics:
+        scopes: dict[Any, T] = {}
+        grouped[rm.resource] = scopes
+        for sm in rm.scope_metrics:
+            scopes[sm.scope] = write_scope(sm)
+    return grouped
+
+
 def encode_request(metrics_data: MetricsData, slicer: Slicer | None = None) -> bytes:
     """The serialized ``ExportMetricsServiceRequest`` of ``metrics_data`` (module docstring);
     ``slicer`` (default: a new one) ticks before every data point."""
     slicer = slicer or Slicer()
-    # Grouped as the SDK's encoder groups: by resource, then by scope (a later entry equal
-    # to an earlier one replaces its contents and keeps its place).
-    grouped: dict[Any, dict[Any, bytes]] = {}
-    for rm in metrics_data.resource_metrics:
-        scopes: dict[Any, bytes] = {}
-        grouped[rm.resource] = scopes
-        for sm in rm.scope_metrics:
-            scope = sm.scope
-            body = [_ld(b"\x0a", _scope(scope))]
-            body += [_ld(b"\x12", _metric(metric, slicer)) for metric in sm.metrics]
-            schema_url = getattr(scope, "schema_url", "")
-            if schema_url:
-                body.append(_ld(b"\x1a", schema_url.encode("utf-8")))
-            scopes[scope] = b"".join(body)
+
+    def write_scope(sm: Any) -> bytes:
+        scope = sm.scope
+        body = [_ld(b"\x0a", _scope(scope))]
+        body += [_ld(b"\x12", _metric(metric, slicer)) for metric in sm.metrics]
+        schema_url = getattr(scope, "schema_url", "")
+        if schema_url:
+            body.append(_ld(b"\x1a", schema_url.encode("utf-8")))
+        return b"".join(body)
+
     out = []
-    for resource, scopes in grouped.items():
+    for resource, scopes in grouped_scopes(metrics_data, write_scope).items():
         slicer.tick()
         body = [_ld(b"\x0a", _resource(resource))]
         body += [_ld(b"\x12", scope_body) for scope_body in scopes.values()]

@@ -159,13 +159,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._stats.add_dropped("traces", "queue_full")
             return
         if self._early:  # encoded now, on this thread (module docstring)
-            try:
-                body = self._encode(span)
-            except Exception as exc:  # noqa: BLE001 - one bad span must not sink the rest
-                self._stats.report_error("span encoding", exc)
-                self._stats.add_dropped("traces", "encoding_failed")
+            if not self._encode_ready(span):
                 return
-            self._ready.append((self._origin(span), body))
             waiting = len(self._ready)
         else:
             self._queue.append(span)
@@ -174,6 +169,18 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._wake.set()
             if waiting + len(self._queue if self._early else self._ready) >= self._behind_at:
                 self._hand_over()
+
+    def _encode_ready(self, span: ReadableSpan) -> bool:
+        """Encodes ``span`` into ``_ready``; ``False`` (reported, counted as dropped) if its
+        encoding failed: one bad span must not sink the others."""
+        try:
+            body = self._encode(span)
+        except Exception as exc:  # noqa: BLE001 - never raised into the span's end
+            self._stats.report_error("span encoding", exc)
+            self._stats.add_dropped("traces", "encoding_failed")
+            return False
+        self._ready.append((self._origin(span), body))
+        return True
 
     def _origin(self, span: ReadableSpan) -> _Origin:
         """The shared :class:`_Origin` of ``span``'s resource and scope."""
@@ -290,19 +297,13 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         every ``SLICE_S`` (export lock held). Spans are encoded as they end; this catches
         those queued before an exporter could take encoded batches."""
         tick = slicing.tick
-        queue, ready = self._queue, self._ready
+        queue = self._queue
         for _ in range(self._batch_size):
             try:
                 span = queue.popleft()
             except IndexError:
                 break
-            try:
-                body = self._encode(span)
-            except Exception as exc:  # noqa: BLE001 - one bad span must not sink the batch
-                self._stats.report_error("span encoding", exc)
-                self._stats.add_dropped("traces", "encoding_failed")
-                continue
-            ready.append((self._origin(span), body))
+            self._encode_ready(span)
             tick()
 
     def _encode_sliced(self, batch: list[ReadableSpan]) -> tuple[list[ReadableSpan], Any]:

@@ -155,12 +155,29 @@ cdef void _put_scalar(Buf *b, Scalar *s) noexcept:
         _fixed64(b, s.bits)
 
 
+cdef int _put_key(Buf *b, uint8_t tag, const char *key, Py_ssize_t key_n,
+                  Py_ssize_t any_size) except -1:
+    """A ``KeyValue`` field up to its ``AnyValue`` body (``any_size`` bytes, written next by
+    the caller): room reserved for all of it."""
+    cdef Py_ssize_t kv = (1 + _varint_size(<uint64_t>key_n) + key_n
+                          + 1 + _varint_size(<uint64_t>any_size) + any_size)
+    _reserve(b, 1 + _varint_size(<uint64_t>kv) + kv)
+    _byte(b, tag)
+    _varint(b, <uint64_t>kv)
+    _byte(b, 0x0A)
+    _varint(b, <uint64_t>key_n)
+    _raw(b, key, key_n)
+    _byte(b, 0x12)
+    _varint(b, <uint64_t>any_size)
+    return 0
+
+
 cdef int _put_attribute(Buf *b, uint8_t tag, object key, object value, object slow) except -1:
     """One ``KeyValue`` field; ``slow(tag, key, value)`` (the twin) for what is not plain."""
     cdef Scalar s
     cdef Scalar *items = NULL
     cdef Scalar small[16]
-    cdef Py_ssize_t key_n, n, k, inner, any_size, kv
+    cdef Py_ssize_t key_n, n, k, inner, any_size
     cdef const char *key_text
     cdef object encoded
     if PyUnicode_CheckExact(key):
@@ -192,16 +209,7 @@ cdef int _put_attribute(Buf *b, uint8_t tag, object key, object value, object sl
                     return 0
                 inner += 1 + _varint_size(<uint64_t>items[k].size) + items[k].size
             any_size = 1 + _varint_size(<uint64_t>inner) + inner
-            kv = 1 + _varint_size(<uint64_t>key_n) + key_n
-            kv += 1 + _varint_size(<uint64_t>any_size) + any_size
-            _reserve(b, 1 + _varint_size(<uint64_t>kv) + kv)
-            _byte(b, tag)
-            _varint(b, <uint64_t>kv)
-            _byte(b, 0x0A)
-            _varint(b, <uint64_t>key_n)
-            _raw(b, key_text, key_n)
-            _byte(b, 0x12)
-            _varint(b, <uint64_t>any_size)
+            _put_key(b, tag, key_text, key_n, any_size)
             _byte(b, 0x2A)
             _varint(b, <uint64_t>inner)
             for k in range(n):
@@ -217,15 +225,7 @@ cdef int _put_attribute(Buf *b, uint8_t tag, object key, object value, object sl
         encoded = slow(bytes([tag]), key, value)
         _append_bytes(b, encoded)
         return 0
-    kv = 1 + _varint_size(<uint64_t>key_n) + key_n + 1 + _varint_size(<uint64_t>s.size) + s.size
-    _reserve(b, 1 + _varint_size(<uint64_t>kv) + kv)
-    _byte(b, tag)
-    _varint(b, <uint64_t>kv)
-    _byte(b, 0x0A)
-    _varint(b, <uint64_t>key_n)
-    _raw(b, key_text, key_n)
-    _byte(b, 0x12)
-    _varint(b, <uint64_t>s.size)
+    _put_key(b, tag, key_text, key_n, s.size)
     _put_scalar(b, &s)
     return 0
 

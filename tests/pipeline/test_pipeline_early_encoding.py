@@ -147,6 +147,13 @@ def test_the_export_thread_sleeps_until_a_batch_or_the_schedule_delay(otlp_recei
         exporter, stats=stats, schedule_delay_s=30.0, max_export_batch_size=200
     )
     cpu = time.pthread_getcpuclockid(processor._thread.ident or 0)
+    idle = time.clock_gettime_ns(cpu)
+    for _ in range(100):  # the thread's start-up done: it waits for its schedule
+        time.sleep(0.02)
+        now = time.clock_gettime_ns(cpu)
+        if now == idle:
+            break
+        idle = now
     tp = TracerProvider(shutdown_on_exit=False)
     tp.add_span_processor(processor)
     tracer = tp.get_tracer("t")

@@ -4,25 +4,16 @@ of value and every span limit -- the fast path and the fallback alike."""
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from fixtures.generated_metrics import IntCode, TextSubclass
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from otelgpu.otel import span_attributes
-
-
-class _Kind(enum.IntEnum):
-    A = 3
-
-
-class _Text(str):
-    pass
-
 
 _START: dict[str, Any] = {
     "gen_ai.operation.name": "chat",
@@ -39,7 +30,7 @@ CASES: dict[str, Mapping[Any, Any]] = {
     "key not a string": {5: 1, "a.ok": 2},
     "nested mapping": {"a.map": {"k": [1, 2]}, "a.ok": 2},
     "nested list": {"a.nested": [[1, 2], [3]]},
-    "subclass values": {"a.enum": _Kind.A, "a.text": _Text("x")},
+    "subclass values": {"a.enum": IntCode.A, "a.text": TextSubclass("x")},
     "object value": {"a.obj": object()},
     "long string": {"a.s": "x" * 40, "a.ok": 1},
     "long string in a list": {"a.l": ["y" * 40, "z"]},

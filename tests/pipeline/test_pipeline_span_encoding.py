@@ -3,14 +3,13 @@ request, byte for byte and decoded, for every kind of span otelgpu and users pro
 
 from __future__ import annotations
 
-import enum
 import random
 import time
 import types
 from typing import Any
 
 import pytest
-from fixtures.generated_metrics import CASES, generated_metrics
+from fixtures.generated_metrics import CASES, IntCode, TextSubclass, generated_metrics
 from fixtures.otel import metrics_data
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -203,14 +202,6 @@ def test_pipeline_recording_metrics_line_equals_protobuf_printer_on_every_kind()
     assert kinds == set(CASES)  # every case was generated at least once
 
 
-class _Code(enum.IntEnum):
-    A = 3
-
-
-class _Text(str):
-    pass
-
-
 ATTRIBUTE_VALUES: dict[str, Any] = {
     "ascii": "abc",
     "empty str": "",
@@ -239,8 +230,8 @@ ATTRIBUTE_VALUES: dict[str, Any] = {
     "tuple with None": ("a", None),
     "nested": (("a",), ("b",)),
     "mapping": {"k": 1},
-    "enum": _Code.A,
-    "str subclass": _Text("t"),
+    "enum": IntCode.A,
+    "str subclass": TextSubclass("t"),
     "list beyond int64": [1 << 64],
 }
 

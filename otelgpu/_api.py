@@ -166,7 +166,10 @@ def _register_gpu_metrics(runtime: Runtime) -> None:
         try:
             devices = gpu_inventory(runtime.sampler).devices
             lost = getattr(runtime.sampler, "lost_at_start", ())
-            register_gpu_metrics(runtime, sampler, devices or None, lost_at_start=lost)
+            direct = runtime.pipeline.direct_metrics if runtime.pipeline is not None else None
+            register_gpu_metrics(
+                runtime, sampler, devices or None, lost_at_start=lost, direct=direct
+            )
         except Exception as exc:  # noqa: BLE001
             runtime.report_error("register_gpu_metrics", exc)
 
@@ -205,6 +208,7 @@ def _build(
     tracer_provider: trace.TracerProvider | None,
     meter_provider: metrics.MeterProvider | None,
 ) -> Runtime:
+    from otelgpu.metrics.direct import DirectMetrics
     from otelgpu.otel.providers import build_pipeline
     from otelgpu.otel.resource import build_resource
     from otelgpu.otel.sketches import SketchRegistry
@@ -228,6 +232,7 @@ def _build(
             sketch_metrics=sketches.metrics,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
+            direct_metrics=DirectMetrics(stats),
         )
     except BaseException:
         if sampler is not None:

@@ -1,10 +1,16 @@
-"""GPU metrics as OpenTelemetry observable instruments fed from a ``GpuSampler``.
+"""GPU metrics as OpenTelemetry observable metrics fed from a ``GpuSampler``.
 
-``register_gpu_metrics(runtime, sampler)`` feeds one observable instrument per GPU row of
-``otelgpu.metrics.catalog`` (created through ``Runtime.instrument``; names, units and
-attributes are documented in ``docs/metrics.md``). Callbacks run at collection time on
-the exporter's thread and only read the sampler's ring buffers (a few µs per device);
-they never call NVML.
+``register_gpu_metrics(runtime, sampler)`` feeds one observable metric per GPU row of
+``otelgpu.metrics.catalog`` (names, units and attributes are documented in
+``docs/metrics.md``). Each row has one generator of ``(value, attributes)`` points; they
+run at collection time on the exporter's thread and only read the sampler's ring buffers
+(a few µs per device); they never call NVML. The points reach the SDK one of two ways:
+
+* where otelgpu owns the meter provider, as data points built by
+  :class:`~otelgpu.metrics.direct.DirectMetrics` (no SDK instrument: ~10x less export-
+  thread time than the SDK's per-observation path, the same exported data);
+* attached to an application's meter provider (whose views may apply), as SDK observable
+  instruments created through ``Runtime.instrument``.
 
 * Gauges report the newest sample. Devices that are lost report only ``hw.status``
   (failed); a reading the device does not support produces no point at all.
@@ -35,6 +41,7 @@ from typing import Any, Protocol
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otelgpu.metrics import catalog as N
+from otelgpu.metrics.direct import DirectMetrics, Point
 from otelgpu.metrics.instruments import Instruments
 from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel import slicing
@@ -71,6 +78,7 @@ class GpuMetricsHandle:
         sampler: BaseGpuSampler,
         device_attributes: Mapping[str, Mapping[str, str]] | None = None,
         lost_at_start: Sequence[str] = (),
+        direct: DirectMetrics | None = None,
     ) -> None:
         self._sampler = sampler
         # GPUs NVML enumerates but could not open at start have no sampler device; their
@@ -93,7 +101,7 @@ class GpuMetricsHandle:
         self._gpm_windows: dict[str, WindowStats | None] = {}
         self._gpm_ns = -_SNAPSHOT_TTL_NS
         self._xid_cursor_ns = 0
-        callbacks: dict[str, Callable[[], Iterable[Observation]]] = {
+        callbacks: dict[str, Callable[[], Iterable[Point]]] = {
             N.GPU_UTILIZATION.name: self._utilization,
             N.GPU_MEMORY_UTILIZATION.name: self._memory_utilization,
             N.TEMPERATURE.name: self._temperature,
@@ -117,10 +125,20 @@ class GpuMetricsHandle:
         }
         for name, (field, scale) in _GAUGES.items():
             callbacks[name] = functools.partial(self._gauge, field, scale)
+        self._points = {spec: callbacks[spec.name] for spec in (*N.GPU_METRICS, *N.SAMPLER_METRICS)}
         self.instruments: dict[str, Any] = {}
         self._callbacks: dict[str, Callback] = {}
-        for spec in (*N.GPU_METRICS, *N.SAMPLER_METRICS):
-            callback = self._guard(spec.name, callbacks)
+        self._direct = direct
+        sdk_specs: tuple[MetricSpec, ...] = (*N.GPU_METRICS, *N.SAMPLER_METRICS)
+        if direct is not None:
+            direct.add_source(self)
+            # The sampler's own metric (one point, always reported) stays an SDK
+            # instrument: the SDK exports nothing from a collection in which none of its
+            # instruments reported, and the direct metrics ride on that export.
+            sdk_specs = N.SAMPLER_METRICS
+        self._direct_specs = tuple(spec for spec in self._points if spec not in sdk_specs)
+        for spec in sdk_specs:
+            callback = self._guard(spec)
             self._callbacks[spec.name] = callback
             self.instruments[spec.name] = instruments.instrument(spec, callback)
 
@@ -132,6 +150,8 @@ class GpuMetricsHandle:
     def unregister(self) -> None:
         """Stop reporting (idempotent). The instruments stay in the meter, silent."""
         self._enabled = False
+        if self._direct is not None:
+            self._direct.remove_source(self)
         for name, callback in self._callbacks.items():
             self.instruments[name].remove(callback)
 
@@ -139,24 +159,31 @@ class GpuMetricsHandle:
 
     # ---- plumbing -------------------------------------------------------------
 
-    def _guard(self, name: str, table: dict[str, Callable[[], Iterable[Observation]]]) -> Callback:
-        fn = table[name]
+    def _observe(self, spec: MetricSpec) -> list[Point]:
+        """This collection's points of ``spec``; ``[]`` when switched off or failing."""
+        if not self._enabled:
+            return []
+        # A collection runs every instrument back to back on the export thread: handing
+        # the GIL over before each one splits it into short slices, so the host's loop
+        # waits at most one slice, not the whole collection.
+        _yield_gil()
+        try:
+            return list(self._points[spec]())
+        except Exception as exc:  # noqa: BLE001 - never break the exporter
+            if spec.name not in self._failed:
+                self._failed.add(spec.name)
+                _logger.warning("otelgpu: metric %s callback failed: %r", spec.name, exc)
+            return []
+
+    def collect_points(self) -> Iterable[tuple[MetricSpec, Sequence[Point]]]:
+        """Every GPU metric's points for one collection (the ``DirectMetrics`` source)."""
+        return [(spec, self._observe(spec)) for spec in self._direct_specs]
+
+    def _guard(self, spec: MetricSpec) -> Callback:
+        """The SDK callback of ``spec`` (attached to an application's meter provider)."""
 
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
-            if not self._enabled:
-                return []
-            # The SDK runs every callback back to back on the export thread while holding
-            # the GIL (~7 ms for 8 GPUs); handing the GIL over before each instrument
-            # splits that into one short slice per instrument so the host's loop waits
-            # at most one slice, not the whole collection.
-            _yield_gil()
-            try:
-                return list(fn())
-            except Exception as exc:  # noqa: BLE001 - never break the exporter
-                if name not in self._failed:
-                    self._failed.add(name)
-                    _logger.warning("otelgpu: metric %s callback failed: %r", name, exc)
-                return []
+            return [Observation(value, attributes) for value, attributes in self._observe(spec)]
 
         return callback
 
@@ -182,15 +209,15 @@ class GpuMetricsHandle:
             self._since[(metric, uuid)] = now + 1
         return start
 
-    # ---- callbacks (generators of Observation) ------------------------------
+    # ---- callbacks (generators of (value, attributes) points) ----------------
 
-    def _gauge(self, field: str, scale: float = 1.0, **extra: str) -> Iterable[Observation]:
+    def _gauge(self, field: str, scale: float = 1.0, **extra: str) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             value = getattr(s, field)
             if value is not None:
-                yield Observation(value * scale if scale != 1.0 else value, {**attrs, **extra})
+                yield (value * scale if scale != 1.0 else value, {**attrs, **extra})
 
-    def _utilization(self) -> Iterable[Observation]:
+    def _utilization(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for value, task in (
                 (s.gpu_util_pct, "general"),
@@ -198,18 +225,18 @@ class GpuMetricsHandle:
                 (s.decoder_util_pct, "decoder"),
             ):
                 if value is not None:
-                    yield Observation(value * 0.01, {**attrs, "hw.gpu.task": task})
+                    yield (value * 0.01, {**attrs, "hw.gpu.task": task})
 
-    def _memory_utilization(self) -> Iterable[Observation]:
+    def _memory_utilization(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             if s.memory_used_bytes is not None and s.memory_total_bytes:
-                yield Observation(s.memory_used_bytes / s.memory_total_bytes, attrs)
+                yield (s.memory_used_bytes / s.memory_total_bytes, attrs)
 
-    def _temperature(self) -> Iterable[Observation]:
+    def _temperature(self) -> Iterable[Point]:
         yield from self._gauge("temperature_c", 1.0, **{"hw.sensor_location": "gpu"})
         yield from self._gauge("memory_temperature_c", 1.0, **{"hw.sensor_location": "memory"})
 
-    def _temperature_limit(self) -> Iterable[Observation]:
+    def _temperature_limit(self) -> Iterable[Point]:
         key = "otelgpu.gpu.temperature.limit_type"
         for uuid, attrs, _s in self._samples():
             details = self._devices[uuid].details
@@ -218,14 +245,14 @@ class GpuMetricsHandle:
                 (details.shutdown_temp_c, "shutdown"),
             ):
                 if value is not None:
-                    yield Observation(value, {**attrs, key: kind})
+                    yield (value, {**attrs, key: kind})
 
-    def _remapped_rows(self) -> Iterable[Observation]:
+    def _remapped_rows(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for state, value in (s.remapped_rows or {}).items():
-                yield Observation(value, {**attrs, "otelgpu.gpu.remap.state": state})
+                yield (value, {**attrs, "otelgpu.gpu.remap.state": state})
 
-    def _gpm(self, *fields: tuple[str, dict[str, str]]) -> Iterable[Observation]:
+    def _gpm(self, *fields: tuple[str, dict[str, str]]) -> Iterable[Point]:
         """GPM activities (percent in WindowStats) as fractions, averaged since the
         previous collection; one window per device and collection, shared by the GPM
         instruments."""
@@ -247,23 +274,23 @@ class GpuMetricsHandle:
             for field, extra in fields:
                 value = getattr(stats, field)
                 if value is not None:
-                    yield Observation(value * 0.01, {**attrs, **extra})
+                    yield (value * 0.01, {**attrs, **extra})
 
-    def _io(self, tx: str, rx: str) -> Iterable[Observation]:
+    def _io(self, tx: str, rx: str) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for field, direction in ((tx, "transmit"), (rx, "receive")):
                 value = getattr(s, field)
                 if value is not None:
-                    yield Observation(value, {**attrs, "network.io.direction": direction})
+                    yield (value, {**attrs, "network.io.direction": direction})
 
-    def _errors(self) -> Iterable[Observation]:
+    def _errors(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for field, kind in (("ecc_corrected", "corrected"), ("ecc_uncorrected", "uncorrected")):
                 value = getattr(s, field)
                 if value is not None:
-                    yield Observation(value, {**attrs, "error.type": kind})
+                    yield (value, {**attrs, "error.type": kind})
 
-    def _status(self) -> Iterable[Observation]:
+    def _status(self) -> Iterable[Point]:
         latest = {u: s for u, _attrs, s in self._samples()}
         states = [
             (attrs, self._state(uuid, latest.get(uuid))) for uuid, attrs in self._attrs.items()
@@ -271,7 +298,7 @@ class GpuMetricsHandle:
         states += [(attrs, "failed") for attrs in self._lost_at_start.values()]
         for attrs, state in states:
             for value in N.HW_STATES:
-                yield Observation(1 if value == state else 0, {**attrs, "hw.state": value})
+                yield (1 if value == state else 0, {**attrs, "hw.state": value})
 
     def _state(self, uuid: str, sample: GpuSample | None) -> str:
         """``hw.state`` of one device (the rule is the ``hw.status`` description)."""
@@ -293,22 +320,22 @@ class GpuMetricsHandle:
             return "degraded"
         return "ok"
 
-    def _watermark(self) -> Iterable[Observation]:
+    def _watermark(self) -> Iterable[Point]:
         now = self._sampler.now_ns()
         for uuid, attrs, _s in self._samples():
             start = self._interval(N.MEMORY_WATERMARK.name, uuid, now)
             stats = self._sampler.window(uuid, start, now)
             if stats is not None and stats.memory_used_peak_bytes is not None:
-                yield Observation(stats.memory_used_peak_bytes, attrs)
+                yield (stats.memory_used_peak_bytes, attrs)
 
-    def _throttle_fraction(self) -> Iterable[Observation]:
+    def _throttle_fraction(self) -> Iterable[Point]:
         now = self._sampler.now_ns()
         key = "otelgpu.gpu.throttle.reason"
         for uuid, attrs, s in self._samples():
             start = self._interval(N.THROTTLE_FRACTION.name, uuid, now)
             stats = self._sampler.window(uuid, start, now)
             if stats is not None and stats.throttled_fraction is not None:
-                yield Observation(stats.throttled_fraction, {**attrs, key: "any"})
+                yield (stats.throttled_fraction, {**attrs, key: "any"})
             with self._lock:
                 prev = self._throttle_prev.get(uuid)
                 self._throttle_prev[uuid] = (s.time_ns, dict(s.throttle_ns))
@@ -318,14 +345,14 @@ class GpuMetricsHandle:
             for reason, ns in s.throttle_ns.items():
                 before = prev[1].get(reason)
                 if before is not None and ns >= before:
-                    yield Observation(min(1.0, (ns - before) / elapsed), {**attrs, key: reason})
+                    yield (min(1.0, (ns - before) / elapsed), {**attrs, key: reason})
 
-    def _throttle_time(self) -> Iterable[Observation]:
+    def _throttle_time(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for reason, ns in s.throttle_ns.items():
-                yield Observation(ns / 1e9, {**attrs, "otelgpu.gpu.throttle.reason": reason})
+                yield (ns / 1e9, {**attrs, "otelgpu.gpu.throttle.reason": reason})
 
-    def _xids(self) -> Iterable[Observation]:
+    def _xids(self) -> Iterable[Point]:
         now = self._sampler.now_ns() - _XID_LAG_NS
         with self._lock:
             if now > self._xid_cursor_ns:
@@ -338,10 +365,10 @@ class GpuMetricsHandle:
         for (uuid, code), count in counts.items():
             attrs = self._attrs.get(uuid)
             if attrs is not None:
-                yield Observation(count, {**attrs, "otelgpu.gpu.xid.code": code})
+                yield (count, {**attrs, "otelgpu.gpu.xid.code": code})
 
-    def _dropped(self) -> Iterable[Observation]:
-        yield Observation(self._sampler.dropped)
+    def _dropped(self) -> Iterable[Point]:
+        yield (self._sampler.dropped, {})
 
 
 #: The instruments that report one field of the newest sample: (field, scale).
@@ -385,6 +412,7 @@ def register_gpu_metrics(
     device_attributes: Mapping[str, Mapping[str, str]] | None = None,
     *,
     lost_at_start: Sequence[str] = (),
+    direct: DirectMetrics | None = None,
 ) -> GpuMetricsHandle:
     """Feed the GPU observable instruments from ``sampler`` (see ``docs/metrics.md``).
 
@@ -395,9 +423,12 @@ def register_gpu_metrics(
     (UUID -> attributes, e.g. the recommended ``hw.model``, ``hw.serial_number``...)
     are added to every series of that device. ``lost_at_start`` (``nvml-index-<n>``
     identifiers of GPUs lost before start) get a ``hw.status`` series, ``failed``.
+    With ``direct``, no SDK instrument is created: the points are built as data points by
+    ``direct``'s readers (``otelgpu.metrics.direct``; the runtime passes one where otelgpu
+    owns the meter provider).
     """
     instruments = Instruments(target) if isinstance(target, Meter) else target
-    return GpuMetricsHandle(instruments, sampler, device_attributes, lost_at_start)
+    return GpuMetricsHandle(instruments, sampler, device_attributes, lost_at_start, direct)
 
 
 __all__ = ["GpuMetricsHandle", "register_gpu_metrics"]

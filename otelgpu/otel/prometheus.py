@@ -26,18 +26,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.exporter.prometheus._mapping import (
     map_unit,
     sanitize_attribute,
     sanitize_full_name,
 )
-from opentelemetry.sdk.metrics.export import ExponentialHistogram, Metric
+from opentelemetry.sdk.metrics.export import ExponentialHistogram, Metric, MetricsData
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from otelgpu.otel import histogram_rule
-from otelgpu.otel.exporters import SCOPE
+from otelgpu.otel.exporters import SCOPE, append_metrics
 from otelgpu.otel.prometheus_protobuf import LabelKey, label_key
 from otelgpu.otel.stats import InternalStats
 
@@ -124,3 +125,33 @@ class SketchCollector(Collector):
                 break
             family.native_histograms[series] = histogram
         return family
+
+
+class PullReader(PrometheusMetricReader):
+    """The OpenTelemetry Prometheus reader, plus metrics otelgpu builds itself.
+
+    ``extra_metrics`` (``otelgpu.metrics.direct``: the GPU metrics) are added to each
+    collection in otelgpu's scope before the exporter's own translation, so they are named
+    and labelled exactly as the SDK's instruments would be. Runs on the scrape's thread;
+    a failure is counted in ``otelgpu.internal.errors`` and the scrape goes on.
+    """
+
+    def __init__(
+        self,
+        extra_metrics: Callable[[], Sequence[Metric]] | None = None,
+        stats: InternalStats | None = None,
+    ) -> None:
+        super().__init__()
+        self._extra_metrics = extra_metrics
+        self._stats = stats or InternalStats()
+
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> None:
+        # The SDK calls this only with a collection (never ``None``).
+        if self._extra_metrics is not None:
+            try:
+                metrics_data = append_metrics(metrics_data, self._extra_metrics())
+            except Exception as exc:  # noqa: BLE001 - a scrape must not fail on us
+                self._stats.report_error("prometheus direct metrics", exc)
+        super()._receive_metrics(metrics_data, timeout_millis, **kwargs)

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -59,6 +59,9 @@ from otelgpu.otel.recording import (
 )
 from otelgpu.otel.stats import InternalStats
 from otelgpu.otel.tail_sampling import StepSpanSampler
+
+if TYPE_CHECKING:
+    from otelgpu.metrics.direct import DirectMetrics
 
 _logger = logging.getLogger("otelgpu")
 _announced = False
@@ -130,6 +133,9 @@ class Pipeline:
     owns_meter_provider: bool = False
     #: Meter provider carrying the sketch histograms when attached to the application's.
     sketch_meter_provider: MeterProvider | None = None
+    #: Where otelgpu's own observable metrics go as data points (``None`` when attached
+    #: to the application's meter provider: they are SDK instruments there).
+    direct_metrics: DirectMetrics | None = None
     recording: RecordingFile | None = None
     prometheus_server: Any = None
     prometheus_address: tuple[str, int] | None = None
@@ -347,6 +353,7 @@ def build_pipeline(
     sketch_metrics: Callable[[], Sequence[Metric]],
     tracer_provider: trace.TracerProvider | None = None,
     meter_provider: metrics.MeterProvider | None = None,
+    direct_metrics: DirectMetrics | None = None,
 ) -> Pipeline:
     """Resolve providers and build otelgpu's exporters (see the module docstring).
 
@@ -355,6 +362,10 @@ def build_pipeline(
     a failed ``instrument()`` leaves no thread, no open file and no global provider behind
     (the OpenTelemetry globals can be set only once, so a half-built pipeline installed
     there would outlive the failure and be attached to by the next ``instrument()``).
+
+    ``direct_metrics`` reach every reader of a meter provider otelgpu builds (each reader
+    its own ``DirectReader``); attached to an application's provider they are not used
+    (``Pipeline.direct_metrics`` is then ``None``: its views must see SDK instruments).
     """
     auto = settings.attach == "auto"
     tracer_given = tracer_provider or (_usable(global_tracer_provider()) if auto else None)
@@ -366,11 +377,14 @@ def build_pipeline(
     processors: list[BoundedBatchSpanProcessor] = []
     guarded: list[ex.GuardedSpanExporter | ex.GuardedMetricExporter] = []
     metric_names = signal_exporters(settings, "metrics")
+    direct = direct_metrics if meter_given is None else None
     try:
         prometheus = None
         if meter_given is None and "prometheus" in metric_names:
             # First: the step most likely to fail for reasons outside the program.
-            prometheus = pull_endpoint.start(settings, stats)
+            prometheus = pull_endpoint.start(
+                settings, stats, direct.reader().collect if direct is not None else None
+            )
             if prometheus is not None:
                 built.append(prometheus[1])
                 pipeline_kwargs.update(
@@ -427,8 +441,11 @@ def build_pipeline(
         def readers() -> list[MetricReader]:
             out: list[MetricReader] = []
             for exporter in _metric_exporters(settings, recording, temporality):
+                extra = sketch_metrics
+                if direct is not None:
+                    extra = _joined(direct.reader(temporality).collect, sketch_metrics)
                 guarded_metrics = ex.GuardedMetricExporter(
-                    exporter, stats, temporality=temporality, sketch_metrics=sketch_metrics
+                    exporter, stats, temporality=temporality, sketch_metrics=extra
                 )
                 guarded.append(guarded_metrics)
                 out.append(
@@ -482,6 +499,7 @@ def build_pipeline(
         owns_tracer_provider=owns_tp,
         owns_meter_provider=owns_mp,
         sketch_meter_provider=sketch_mp,
+        direct_metrics=direct,
         recording=recording,
         exporter_names=settings.exporters,
         stats=stats,
@@ -491,6 +509,13 @@ def build_pipeline(
         guarded_exporters=guarded,
         **pipeline_kwargs,
     )
+
+
+def _joined(
+    first: Callable[[], Sequence[Metric]], second: Callable[[], Sequence[Metric]]
+) -> Callable[[], Sequence[Metric]]:
+    """One producer of both producers' metrics (a collection's extra metrics)."""
+    return lambda: [*first(), *second()]
 
 
 def _discard(item: Any) -> None:

@@ -43,7 +43,9 @@ def prometheus_port(settings: Settings, environ: Mapping[str, str] | None = None
 
 
 def start(
-    settings: Settings, stats: InternalStats
+    settings: Settings,
+    stats: InternalStats,
+    extra_metrics: Callable[[], Sequence[Metric]] | None = None,
 ) -> tuple[MetricReader, Any, tuple[str, int]] | None:
     """The pull endpoint's reader, server and address; ``None`` when its port is taken.
 
@@ -51,10 +53,10 @@ def start(
     in the configuration: the process goes on without a pull endpoint (one warning,
     counted in ``otelgpu.internal.errors``) rather than crash ``instrument()`` on every
     rank after the first. An address that cannot be bound at all is a configuration error.
+    ``extra_metrics`` are added to every collection (``otelgpu.otel.prometheus.PullReader``).
     """
     try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-
+        from otelgpu.otel.prometheus import PullReader
         from otelgpu.otel.pull_server import start_pull_server
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         from otelgpu.errors import ConfigurationError
@@ -84,7 +86,7 @@ def start(
             f"a port that can be bound on {settings.prometheus_host} ({exc.strerror or exc}; "
             "0 picks a free one; or change prometheus_host)",
         ) from exc
-    reader = PrometheusMetricReader()
+    reader = PullReader(extra_metrics, stats)
     host, port = server.server_address[:2]
     return reader, server, (str(host), int(port))
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fixtures.metric_readers import DirectInMemoryReader
 from fixtures.otel import reset_otel_globals  # noqa: F401 - fixture
 from fixtures.sim import SMALL_SCENARIO, sim_gpu, sim_scenario  # noqa: F401 - fixtures
 from opentelemetry.sdk.metrics import MeterProvider
@@ -26,10 +27,11 @@ def metrics_sampler_cls(request: pytest.FixtureRequest) -> type[BaseGpuSampler]:
     return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-def reader() -> Iterator[tuple[InMemoryMetricReader, MeterProvider]]:
-    """A real SDK MeterProvider with an InMemoryMetricReader (never the global one)."""
-    reader = InMemoryMetricReader()
+@pytest.fixture(params=["sdk", "direct"])
+def reader(request: pytest.FixtureRequest) -> Iterator[tuple[InMemoryMetricReader, MeterProvider]]:
+    """A real SDK MeterProvider with an InMemoryMetricReader (never the global one); for
+    "direct", the reader also exports the metrics registered with its ``direct``."""
+    reader = DirectInMemoryReader() if request.param == "direct" else InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     yield reader, provider
     provider.shutdown()

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 from fixtures.catalog_docs import assert_docs_match_catalog, assert_exported_matches_catalog
+from fixtures.metric_readers import register_gpu
 from fixtures.sim import SMALL_SCENARIO
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otelgpu import sim
 from otelgpu.metrics import catalog as N
-from otelgpu.metrics.gpu import register_gpu_metrics
 from otelgpu.sampler import BaseGpuSampler
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -51,8 +51,8 @@ def _by_label(rows: list[tuple[dict[str, Any], Any]], uuid: str, label: str) -> 
 def test_names_units_attributes_and_values(
     sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
 ) -> None:
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     sim_gpu.advance(5.0)  # 80 % phase
     # Two samples 100 ms apart (the virtual clock stands still): GPM compares them.
     t = sampler.now_ns() - 200_000_000
@@ -131,8 +131,8 @@ def test_names_units_attributes_and_values(
 def test_throttle_fraction_per_reason_between_collections(
     sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
 ) -> None:
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     u = sampler.devices[0].uuid
     sampler.sample_once()
     collect(rd)
@@ -168,8 +168,8 @@ def test_memory_watermark_catches_the_peak_between_exports(
     gpu = sim_scenario({**SMALL_SCENARIO, "process": [*SMALL_SCENARIO["process"], spike]})
     sampler = metrics_sampler_cls()
     try:
-        rd, provider = reader
-        register_gpu_metrics(provider.get_meter("test"), sampler)
+        rd, _provider = reader
+        register_gpu(reader, sampler)
         u = sampler.devices[0].uuid
         sampler.sample_once()
         baseline = collect(rd)["otelgpu.gpu.memory.watermark"][1]
@@ -192,8 +192,8 @@ def test_memory_watermark_catches_the_peak_between_exports(
 def test_xid_counts_and_lost_gpu(
     sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
 ) -> None:
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     good, bad = (d.uuid for d in sampler.devices)
     sampler.start()
     sim_gpu.inject("xid", gpu=0, code=31)
@@ -219,8 +219,8 @@ def test_status_degraded_then_predicted_failure(
 ) -> None:
     """hw.state: degraded while clocks are cut for a hardware reason; predicted_failure
     when uncorrected ECC errors rose since the previous collection; one state at a time."""
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     u = sampler.devices[0].uuid
 
     def states() -> dict[str, int]:
@@ -245,8 +245,8 @@ def test_status_from_remapped_rows(
 ) -> None:
     """hw.state from the sampler's remapped-row fields: a pending remap is degraded, a
     failed remap predicted_failure; otelgpu.gpu.memory.remapped_rows shows the rows."""
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     u = sampler.devices[0].uuid
 
     def read() -> tuple[dict[str, int], dict[str, int]]:
@@ -275,9 +275,9 @@ def test_recommended_device_attributes_on_every_series(
 ) -> None:
     from otelgpu.otel.resource import nvml_inventory
 
-    rd, provider = reader
+    rd, _provider = reader
     inventory = nvml_inventory([d.uuid for d in sampler.devices])
-    register_gpu_metrics(provider.get_meter("test"), sampler, inventory.devices)
+    register_gpu(reader, sampler, inventory.devices)
     sampler.sample_once()
     got = collect(rd)
     u = sampler.devices[0].uuid
@@ -291,8 +291,8 @@ def test_recommended_device_attributes_on_every_series(
 def test_unregister_silences_every_instrument(
     sampler: BaseGpuSampler, reader: Reader, collect: Collect
 ) -> None:
-    rd, provider = reader
-    handle = register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    handle = register_gpu(reader, sampler)
     sampler.sample_once()
     assert collect(rd)
     handle.unregister()
@@ -310,8 +310,8 @@ def test_no_devices_yields_only_the_sampler_metrics(
 ) -> None:
     sim_scenario({**SMALL_SCENARIO, "driver": {"init_error": "no_permission"}})
     sampler = metrics_sampler_cls()
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     got = {name: rows for name, (_u, rows) in collect(rd).items() if rows}
     assert got == {"otelgpu.sampler.dropped": [({}, 0)]}
 
@@ -340,8 +340,8 @@ def test_collection_hands_the_gil_over_between_instruments(
         real_yield()
 
     monkeypatch.setattr(gpu_metrics, "_yield_gil", counting_yield)
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     sampler.sample_once()
     got = collect(rd)
     gpu_names = {m.name for m in N.GPU_METRICS} & set(got)
@@ -367,8 +367,8 @@ def test_longest_collection_slice_is_bounded_in_thread_cpu_time(
     marks: list[float] = []
     monkeypatch.setattr(slicing, "SLICE_S", 0.0)  # a chance to pause is a pause
     monkeypatch.setattr(slicing, "pause", lambda: marks.append(time.thread_time()))
-    rd, provider = reader
-    register_gpu_metrics(provider.get_meter("test"), sampler)
+    rd, _provider = reader
+    register_gpu(reader, sampler)
     sampler.sample_once()
     rd.get_metrics_data()  # the SDK creates its storage on the first collection
     longest = []

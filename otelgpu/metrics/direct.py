@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from opentelemetry.sdk.metrics import (
@@ -56,6 +56,7 @@ from opentelemetry.sdk.metrics.export import (
 
 from otelgpu.metrics.spec import Kind, MetricSpec
 from otelgpu.otel import slicing
+from otelgpu.otel.metric_protobuf import FixedAttributes
 from otelgpu.otel.stats import InternalStats
 
 #: One observation: (value, attributes).
@@ -70,7 +71,11 @@ _INSTRUMENT_CLASS: dict[Kind, type] = {
 
 
 class PointSource(Protocol):
-    """Something that observes metrics at collection time."""
+    """Something that observes metrics at collection time.
+
+    A source may hand out the same attribute dict in every collection (cheaper: found by
+    identity); it must then never mutate it.
+    """
 
     def collect_points(self) -> Iterable[tuple[MetricSpec, Sequence[Point]]]:
         """Every spec it feeds with this collection's points (an empty list: none)."""
@@ -88,9 +93,12 @@ def series_key(attributes: Mapping[str, Any]) -> frozenset[Any]:
         )
 
 
-def _exported(attributes: Mapping[str, Any]) -> dict[str, Any]:
-    """A series' own copy of its attributes, sequences as tuples (as the SDK cleans them)."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in attributes.items()}
+def _exported(attributes: Mapping[str, Any]) -> FixedAttributes:
+    """A series' own copy of its attributes, sequences as tuples (as the SDK cleans them);
+    never mutated, so encoders keep its encoding."""
+    return FixedAttributes(
+        (k, tuple(v) if isinstance(v, list) else v) for k, v in attributes.items()
+    )
 
 
 class _Series:
@@ -109,16 +117,30 @@ class _Stream:
 
     spec: MetricSpec
     temporality: AggregationTemporality
-    series: dict[frozenset[Any], _Series]
+    series: dict[frozenset[Any], _Series] = field(default_factory=dict)
+    #: id(attribute dict a source handed out) -> (that dict, its series): a source that
+    #: hands out the same dict each collection is looked up without building its key.
+    by_identity: dict[int, tuple[Mapping[str, Any], _Series]] = field(default_factory=dict)
+
+    def _series(self, attributes: Mapping[str, Any], now: int) -> _Series:
+        found = self.by_identity.get(id(attributes))
+        if found is not None and found[0] is attributes:
+            return found[1]
+        key = series_key(attributes)
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series(_exported(attributes), now)
+        if len(self.by_identity) > 2 * len(self.series) + 64:  # fresh dicts: bounded
+            self.by_identity.clear()
+        # Holding the dict keeps its id from being reused by another object.
+        self.by_identity[id(attributes)] = (attributes, series)
+        return series
 
     def metric(self, points: Sequence[Point], now: int) -> Metric | None:
         kind = self.spec.kind
         is_sum = kind is not Kind.OBSERVABLE_GAUGE
         for value, attributes in points:
-            key = series_key(attributes)
-            series = self.series.get(key)
-            if series is None:
-                series = self.series[key] = _Series(_exported(attributes), now)
+            series = self._series(attributes, now)
             if is_sum and series.value is not None:
                 series.value += value
             else:
@@ -188,7 +210,7 @@ class DirectReader:
                     stream = self._streams.get(spec.name)
                     if stream is None:
                         stream = self._streams[spec.name] = _Stream(
-                            spec, self._temporality[spec.kind], {}
+                            spec, self._temporality[spec.kind]
                         )
                     try:
                         metric = stream.metric(points, now)

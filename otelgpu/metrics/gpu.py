@@ -52,6 +52,7 @@ _logger = logging.getLogger(__name__)
 
 _SNAPSHOT_TTL_NS = 20_000_000  # one collection reads each device's newest sample once
 _XID_LAG_NS = 50_000_000  # events are counted once they are 50 ms old (no push race)
+_MAX_DERIVED = 4096  # cached derived attribute sets (``GpuMetricsHandle._with``)
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -101,6 +102,9 @@ class GpuMetricsHandle:
         self._gpm_windows: dict[str, WindowStats | None] = {}
         self._gpm_ns = -_SNAPSHOT_TTL_NS
         self._xid_cursor_ns = 0
+        # (id of a device's attributes, key, value, type) -> that dict plus key=value;
+        # device attribute dicts live as long as the handle, so their ids are stable.
+        self._derived: dict[tuple[int, str, Any, type], Mapping[str, Any]] = {}
         callbacks: dict[str, Callable[[], Iterable[Point]]] = {
             N.GPU_UTILIZATION.name: self._utilization,
             N.GPU_MEMORY_UTILIZATION.name: self._memory_utilization,
@@ -187,6 +191,26 @@ class GpuMetricsHandle:
 
         return callback
 
+    def _with(self, attrs: Mapping[str, Any], key: str, value: Any) -> Mapping[str, Any]:
+        """``{**attrs, key: value}`` for a device's attributes, the same object each
+        collection and never mutated, so a direct reader finds its series by identity
+        and encodes its attributes once (``otelgpu.metrics.direct``)."""
+        cache_key = (id(attrs), key, value, value.__class__)
+        found = self._derived.get(cache_key)
+        if found is None:
+            if len(self._derived) >= _MAX_DERIVED:  # bounded: e.g. many XID codes
+                self._derived.clear()
+            found = self._derived[cache_key] = {**attrs, key: value}
+        return found
+
+    def _extend(self, attrs: Mapping[str, Any], extra: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not extra:
+            return attrs
+        if len(extra) == 1:
+            ((key, value),) = extra.items()
+            return self._with(attrs, key, value)
+        return {**attrs, **extra}
+
     def _samples(self) -> list[tuple[str, dict[str, Any], GpuSample]]:
         """(uuid, attributes, newest sample) of every device that is not lost."""
         now = self._sampler.now_ns()
@@ -215,7 +239,7 @@ class GpuMetricsHandle:
         for _uuid, attrs, s in self._samples():
             value = getattr(s, field)
             if value is not None:
-                yield (value * scale if scale != 1.0 else value, {**attrs, **extra})
+                yield (value * scale if scale != 1.0 else value, self._extend(attrs, extra))
 
     def _utilization(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
@@ -225,7 +249,7 @@ class GpuMetricsHandle:
                 (s.decoder_util_pct, "decoder"),
             ):
                 if value is not None:
-                    yield (value * 0.01, {**attrs, "hw.gpu.task": task})
+                    yield (value * 0.01, self._with(attrs, "hw.gpu.task", task))
 
     def _memory_utilization(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
@@ -245,12 +269,12 @@ class GpuMetricsHandle:
                 (details.shutdown_temp_c, "shutdown"),
             ):
                 if value is not None:
-                    yield (value, {**attrs, key: kind})
+                    yield (value, self._with(attrs, key, kind))
 
     def _remapped_rows(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for state, value in (s.remapped_rows or {}).items():
-                yield (value, {**attrs, "otelgpu.gpu.remap.state": state})
+                yield (value, self._with(attrs, "otelgpu.gpu.remap.state", state))
 
     def _gpm(self, *fields: tuple[str, dict[str, str]]) -> Iterable[Point]:
         """GPM activities (percent in WindowStats) as fractions, averaged since the
@@ -274,21 +298,21 @@ class GpuMetricsHandle:
             for field, extra in fields:
                 value = getattr(stats, field)
                 if value is not None:
-                    yield (value * 0.01, {**attrs, **extra})
+                    yield (value * 0.01, self._extend(attrs, extra))
 
     def _io(self, tx: str, rx: str) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for field, direction in ((tx, "transmit"), (rx, "receive")):
                 value = getattr(s, field)
                 if value is not None:
-                    yield (value, {**attrs, "network.io.direction": direction})
+                    yield (value, self._with(attrs, "network.io.direction", direction))
 
     def _errors(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for field, kind in (("ecc_corrected", "corrected"), ("ecc_uncorrected", "uncorrected")):
                 value = getattr(s, field)
                 if value is not None:
-                    yield (value, {**attrs, "error.type": kind})
+                    yield (value, self._with(attrs, "error.type", kind))
 
     def _status(self) -> Iterable[Point]:
         latest = {u: s for u, _attrs, s in self._samples()}
@@ -298,7 +322,7 @@ class GpuMetricsHandle:
         states += [(attrs, "failed") for attrs in self._lost_at_start.values()]
         for attrs, state in states:
             for value in N.HW_STATES:
-                yield (1 if value == state else 0, {**attrs, "hw.state": value})
+                yield (1 if value == state else 0, self._with(attrs, "hw.state", value))
 
     def _state(self, uuid: str, sample: GpuSample | None) -> str:
         """``hw.state`` of one device (the rule is the ``hw.status`` description)."""
@@ -335,7 +359,7 @@ class GpuMetricsHandle:
             start = self._interval(N.THROTTLE_FRACTION.name, uuid, now)
             stats = self._sampler.window(uuid, start, now)
             if stats is not None and stats.throttled_fraction is not None:
-                yield (stats.throttled_fraction, {**attrs, key: "any"})
+                yield (stats.throttled_fraction, self._with(attrs, key, "any"))
             with self._lock:
                 prev = self._throttle_prev.get(uuid)
                 self._throttle_prev[uuid] = (s.time_ns, dict(s.throttle_ns))
@@ -345,12 +369,12 @@ class GpuMetricsHandle:
             for reason, ns in s.throttle_ns.items():
                 before = prev[1].get(reason)
                 if before is not None and ns >= before:
-                    yield (min(1.0, (ns - before) / elapsed), {**attrs, key: reason})
+                    yield (min(1.0, (ns - before) / elapsed), self._with(attrs, key, reason))
 
     def _throttle_time(self) -> Iterable[Point]:
         for _uuid, attrs, s in self._samples():
             for reason, ns in s.throttle_ns.items():
-                yield (ns / 1e9, {**attrs, "otelgpu.gpu.throttle.reason": reason})
+                yield (ns / 1e9, self._with(attrs, "otelgpu.gpu.throttle.reason", reason))
 
     def _xids(self) -> Iterable[Point]:
         now = self._sampler.now_ns() - _XID_LAG_NS
@@ -365,7 +389,7 @@ class GpuMetricsHandle:
         for (uuid, code), count in counts.items():
             attrs = self._attrs.get(uuid)
             if attrs is not None:
-                yield (count, {**attrs, "otelgpu.gpu.xid.code": code})
+                yield (count, self._with(attrs, "otelgpu.gpu.xid.code", code))
 
     def _dropped(self) -> Iterable[Point]:
         yield (self._sampler.dropped, {})

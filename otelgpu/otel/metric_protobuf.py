@@ -85,6 +85,26 @@ def _exemplars(tag: bytes, exemplars: Any) -> list[bytes]:
     return out
 
 
+class FixedAttributes(dict):  # type: ignore[type-arg]
+    """An attribute set its owner never mutates, so its encoding is kept after the first
+    use (the series of ``otelgpu.metrics.direct``: the same set every collection)."""
+
+    __slots__ = ("encoded",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.encoded: bytes | None = None
+
+
+def _point_attributes(attributes: Any) -> bytes:
+    if attributes.__class__ is FixedAttributes:
+        encoded = attributes.encoded
+        if encoded is None:
+            encoded = attributes.encoded = attributes_bytes(b"\x3a", attributes)
+        return encoded
+    return attributes_bytes(b"\x3a", attributes)
+
+
 def _number(point: Any, start: bool) -> bytes:
     """A ``NumberDataPoint`` body (``start``: with its start time; a gauge's has none)."""
     body = [_fixed64(b"\x11", point.start_time_unix_nano) if start else b""]
@@ -96,7 +116,7 @@ def _number(point: Any, start: bool) -> bytes:
     body += _exemplars(b"\x2a", point.exemplars)
     if as_int:
         body.append(b"\x31" + _int64(value))
-    body.append(attributes_bytes(b"\x3a", point.attributes))
+    body.append(_point_attributes(point.attributes))
     return b"".join(body)
 
 

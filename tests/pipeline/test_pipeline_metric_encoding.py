@@ -126,6 +126,37 @@ def test_request_is_byte_identical_on_generated_data_of_every_kind() -> None:
         assert metric_protobuf.encode_request(data) == encode_metrics(data).SerializeToString()
 
 
+def test_direct_metrics_fixed_attributes_encode_as_the_sdk_encodes_them() -> None:
+    """The GPU metrics built by ``otelgpu.metrics.direct`` carry ``FixedAttributes`` whose
+    encoding is kept: the request is the SDK's, the first time and from the kept bytes."""
+    from otelgpu.metrics.direct import DirectMetrics, Point
+    from otelgpu.metrics.spec import Area, Kind, MetricSpec
+
+    specs = [
+        MetricSpec(f"direct.{kind.value}", kind, "1", "d", Area.GPU)
+        for kind in (Kind.OBSERVABLE_GAUGE, Kind.OBSERVABLE_COUNTER)
+    ]
+    devices = [{"hw.id": f"GPU-{i}", "hw.type": "gpu", "idx": i, "ok": True} for i in range(4)]
+
+    class Source:
+        def collect_points(self) -> list[tuple[MetricSpec, list[Point]]]:
+            return [(spec, [(i + 0.5, attrs) for i, attrs in enumerate(devices)]) for spec in specs]
+
+    direct = DirectMetrics()
+    direct.add_source(Source())
+    reader = direct.reader()
+    resource = Resource.create({"service.name": "enc"})
+    for now in (10, 20):  # the second collection encodes from the kept bytes
+        metrics = reader.collect(now)
+        points = [p for m in metrics for p in m.data.data_points]
+        assert points and all(
+            isinstance(p.attributes, metric_protobuf.FixedAttributes) for p in points
+        )
+        data = append_metrics(MetricsData([ResourceMetrics(resource, [], "")]), metrics)
+        assert metric_protobuf.encode_request(data) == encode_metrics(data).SerializeToString()
+    assert all(p.attributes.encoded for p in points)  # type: ignore[union-attr]
+
+
 def test_values_the_sdk_refuses_raise() -> None:
     from opentelemetry.sdk.metrics.export import Gauge, Metric, NumberDataPoint
 

@@ -67,11 +67,18 @@ def _runtime() -> Any:
     return Runtime(Settings(gpu=False), tracer_provider=tp, meter_provider=mp), reader
 
 
+#: ``--export`` value: step spans over OTLP gRPC to a live receiver (bench_export's).
+OTLP = "otlp-grpc"
+OTLP_PORT_ENV = "OTELGPU_BENCH_OTLP_PORT"
+
+
 def _exporting_runtime(
     directory: str, step_spans_per_second: int = 0, *, timers: bool = True
 ) -> tuple[Any, Any]:
     """A runtime built by ``otelgpu.instrument()`` exporting step spans to the local
-    recording (OTLP/JSON, otelgpu's export thread), metrics to an in-memory reader: every
+    recording in ``directory`` (OTLP/JSON) or, for :data:`OTLP`, over OTLP gRPC to the
+    receiver whose port is in ``$OTELGPU_BENCH_OTLP_PORT`` (protobuf, otelgpu's export
+    thread either way), metrics to an in-memory reader: every
     step span (``step_spans_per_second=0``), or the tail-keeping sampling's choice.
     ``timers=False``: spans and sketches are exported only when flushed (no schedule)."""
     from opentelemetry.sdk.metrics import MeterProvider
@@ -80,10 +87,19 @@ def _exporting_runtime(
     import otelgpu
 
     reader = InMemoryMetricReader()
+    if directory == OTLP:  # a live receiver's port, from main() through the environment
+        port = os.environ[OTLP_PORT_ENV]
+        target: dict[str, Any] = {
+            "exporters": "otlp",
+            "otlp_protocol": "grpc",
+            "otlp_endpoint": f"http://127.0.0.1:{port}",
+            "otlp_insecure": True,
+        }
+    else:
+        target = {"exporters": "recording", "recording_dir": directory}
     handle = otelgpu.instrument(
         meter_provider=MeterProvider(metric_readers=[reader]),
-        exporters="recording",
-        recording_dir=directory,
+        **target,
         gpu=False,
         frameworks="none",
         step_spans_per_second=step_spans_per_second,
@@ -301,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--export",
         metavar="DIR",
         default=None,
-        help="export every step span to a local recording in DIR (writes results/torch-export.md)",
+        help="export every step span to a local recording in DIR, or with DIR=otlp-grpc over "
+        "OTLP gRPC to a live receiver (writes results/torch-export[-otlp].md)",
     )
     parser.add_argument(
         "--step-spans-per-second",
@@ -324,9 +341,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.callgrind_child:
         return _callgrind_child(args)
 
+    torch.set_num_threads(1)
+    receiver = None
+    if args.export == OTLP:
+        from bench_export import start_receiver
+
+        receiver, grpc_port, _http = start_receiver(Path(tempfile.mkdtemp(prefix="bench-torch-")))
+        os.environ[OTLP_PORT_ENV] = str(grpc_port)  # the callgrind children's too
+    try:
+        return _measure(args, argv)
+    finally:
+        if receiver is not None:
+            receiver.kill()
+            receiver.wait()
+
+
+def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 
-    torch.set_num_threads(1)
     runtime, reader = (
         _runtime()
         if args.export is None
@@ -439,8 +471,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "GPU-health steps always, the rest up to that rate; a step sampled out gets "
                 "no span at all, its metrics stay exact)"
             )
-            + " to the local recording (OTLP/JSON, otelgpu's sliced encoder, "
-            f"`step_spans_per_second={args.step_spans_per_second}`), flushed inside each "
+            + (
+                " over OTLP gRPC to a live receiver (another process; otelgpu's native "
+                "protobuf encoder, "
+                if args.export == OTLP
+                else " to the local recording (OTLP/JSON, otelgpu's sliced encoder, "
+            )
+            + f"`step_spans_per_second={args.step_spans_per_second}`), flushed inside each "
             "timed repetition. "
         )
         + f"{args.reps} interleaved repetitions of {args.steps} steps per mode, each "
@@ -497,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = "torch.md" if args.export is None else "torch-export.md"
         if args.export is not None and args.step_spans_per_second:
             name = "torch-export-sampled.md"
+        if args.export == OTLP:
+            name = name.replace(".md", "-otlp.md")
         out = RESULTS.with_name(name)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)

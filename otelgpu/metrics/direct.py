@@ -23,7 +23,9 @@ What a :class:`DirectReader` returns, per collection (as the SDK, tested against
   later); delta (observable counters under the ``delta`` preference): the difference to
   the series' previous value, starting at the previous collection;
 * points in the order their attribute sets were first seen; a series that reports
-  nothing in a collection has no point in it; ``time_unix_nano`` is the collection's time.
+  nothing in a collection has no point in it; ``time_unix_nano`` is the collection's time;
+* past :data:`CARDINALITY_LIMIT` series, new attribute sets share one series with the
+  attribute ``otel.metric.overflow=true``.
 
 Each consumer (a push exporter, the pull endpoint) has its own :class:`DirectReader`,
 as each SDK reader has its own storage. Host pauses: converting points hands the GIL
@@ -62,6 +64,11 @@ from otelgpu.otel.stats import InternalStats
 #: One observation: (value, attributes).
 Point = tuple[float | int, Mapping[str, Any]]
 
+#: Series per metric and reader before new attribute sets fold into one overflow series
+#: (the SDK's default cardinality limit, and its overflow attribute): memory stays bounded.
+CARDINALITY_LIMIT = 2000
+_OVERFLOW_ATTRIBUTES: Mapping[str, Any] = {"otel.metric.overflow": True}
+
 #: The SDK instrument class of each observable kind (what a temporality map is keyed by).
 _INSTRUMENT_CLASS: dict[Kind, type] = {
     Kind.OBSERVABLE_COUNTER: ObservableCounter,
@@ -91,6 +98,9 @@ def series_key(attributes: Mapping[str, Any]) -> frozenset[Any]:
         return frozenset(
             (k, v.__class__, tuple(v) if isinstance(v, list) else v) for k, v in attributes.items()
         )
+
+
+_OVERFLOW_KEY = series_key(_OVERFLOW_ATTRIBUTES)
 
 
 def _exported(attributes: Mapping[str, Any]) -> FixedAttributes:
@@ -129,7 +139,11 @@ class _Stream:
         key = series_key(attributes)
         series = self.series.get(key)
         if series is None:
-            series = self.series[key] = _Series(_exported(attributes), now)
+            if len(self.series) >= CARDINALITY_LIMIT:  # as the SDK: one overflow series
+                key, attributes = _OVERFLOW_KEY, _OVERFLOW_ATTRIBUTES
+                series = self.series.get(key)
+            if series is None:
+                series = self.series[key] = _Series(_exported(attributes), now)
         if len(self.by_identity) > 2 * len(self.series) + 64:  # fresh dicts: bounded
             self.by_identity.clear()
         # Holding the dict keeps its id from being reused by another object.

@@ -197,7 +197,11 @@ def test_baseline_sim_runs_merge_across_the_restart(loop: dict[str, Any]) -> Non
     (counted,) = store.api(
         "query", query=f"sum(increase({family}_count[{window}s]))", time=f"{end:.3f}"
     )["result"]
-    assert latency.samples == round(float(counted["value"][1]))
+    # Both are increase() estimates, extrapolated to the window's edges per series: a bucket
+    # series that first appears with the second run (its slower requests) is extrapolated
+    # by its own factor, so the merged buckets' total and the count's increase agree only
+    # to the extrapolation's slack (seen: 4851 against 4870), not to the request.
+    assert latency.samples == pytest.approx(float(counted["value"][1]), rel=0.02)
     assert latency.samples > healthy.samples
     # More than 1 % of the requests are the faulty run's (3x slower): p99 moves up.
     assert latency.reference >= 2 * healthy.reference

@@ -148,6 +148,43 @@ def test_direct_metrics_export_what_the_sdk_exports(kind: Kind, preference: str,
         provider.shutdown()
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+def test_past_the_cardinality_limit_new_series_overflow_as_in_the_sdk(kind: Kind) -> None:
+    from otelgpu.metrics.direct import CARDINALITY_LIMIT
+
+    spec = _spec(kind)
+    first = [(1, {"i": i}) for i in range(CARDINALITY_LIMIT - 3)]
+    second = [(2, {"i": i}) for i in range(CARDINALITY_LIMIT + 7)]
+    script = _Script(spec, [first, second, second])
+    sdk_reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[sdk_reader])
+    factory = {
+        Kind.OBSERVABLE_GAUGE: provider.get_meter("t").create_observable_gauge,
+        Kind.OBSERVABLE_COUNTER: provider.get_meter("t").create_observable_counter,
+        Kind.OBSERVABLE_UP_DOWN_COUNTER: provider.get_meter("t").create_observable_up_down_counter,
+    }[kind]
+    factory(
+        spec.name, callbacks=[script.sdk_callback], unit=spec.unit, description=spec.description
+    )
+    direct = DirectMetrics()
+    direct.add_source(script)
+    reader = direct.reader()
+    try:
+        for now in (1, 2, 3):
+            data = sdk_reader.get_metrics_data()
+            assert data is not None
+            (sdk_metric,) = [
+                m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            ]
+            (ours,) = reader.collect(now)
+            assert _shape(ours) == _shape(sdk_metric)
+        points = ours.data.data_points
+        assert len(points) == CARDINALITY_LIMIT + 1
+        assert attributes_of(points[-1]) == {"otel.metric.overflow": True}
+    finally:
+        provider.shutdown()
+
+
 def test_a_failing_source_is_counted_and_the_others_still_export() -> None:
     class Broken:
         def collect_points(self) -> list[tuple[MetricSpec, Sequence[Point]]]:

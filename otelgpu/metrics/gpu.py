@@ -7,8 +7,8 @@ run at collection time on the exporter's thread and only read the sampler's ring
 (a few µs per device); they never call NVML. The points reach the SDK one of two ways:
 
 * where otelgpu owns the meter provider, as data points built by
-  :class:`~otelgpu.metrics.direct.DirectMetrics` (no SDK instrument: ~10x less export-
-  thread time than the SDK's per-observation path, the same exported data);
+  :class:`~otelgpu.metrics.direct.DirectMetrics` (no SDK instrument; the same exported
+  data; an 8-GPU collection with its OTLP export: 13.5 -> 5.4 ms of the export thread);
 * attached to an application's meter provider (whose views may apply), as SDK observable
   instruments created through ``Runtime.instrument``.
 

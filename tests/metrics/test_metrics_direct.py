@@ -66,6 +66,25 @@ class _Script:
         return [(self.spec, points)]
 
 
+def _sdk_side(
+    script: _Script, temporality: dict[type, AggregationTemporality] | None = None
+) -> tuple[InMemoryMetricReader, MeterProvider]:
+    """The real SDK fed by ``script``: an observable instrument of its spec's kind."""
+    reader = InMemoryMetricReader(preferred_temporality=temporality)
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("t")
+    factory = {
+        Kind.OBSERVABLE_GAUGE: meter.create_observable_gauge,
+        Kind.OBSERVABLE_COUNTER: meter.create_observable_counter,
+        Kind.OBSERVABLE_UP_DOWN_COUNTER: meter.create_observable_up_down_counter,
+    }[script.spec.kind]
+    spec = script.spec
+    factory(
+        spec.name, callbacks=[script.sdk_callback], unit=spec.unit, description=spec.description
+    )
+    return reader, provider
+
+
 def _shape(metric: Metric | None) -> Any:
     if metric is None:
         return None
@@ -105,16 +124,7 @@ def test_direct_metrics_export_what_the_sdk_exports(kind: Kind, preference: str,
     spec = _spec(kind)
     temporality = PREFERENCES[preference]
     script = _Script(spec, _generated_rounds(seed))
-    sdk_reader = InMemoryMetricReader(preferred_temporality=temporality)
-    provider = MeterProvider(metric_readers=[sdk_reader])
-    factory = {
-        Kind.OBSERVABLE_GAUGE: provider.get_meter("t").create_observable_gauge,
-        Kind.OBSERVABLE_COUNTER: provider.get_meter("t").create_observable_counter,
-        Kind.OBSERVABLE_UP_DOWN_COUNTER: provider.get_meter("t").create_observable_up_down_counter,
-    }[kind]
-    factory(
-        spec.name, callbacks=[script.sdk_callback], unit=spec.unit, description=spec.description
-    )
+    sdk_reader, provider = _sdk_side(script, temporality)
     direct = DirectMetrics()
     direct.add_source(script)
     reader = direct.reader(temporality)
@@ -156,16 +166,7 @@ def test_past_the_cardinality_limit_new_series_overflow_as_in_the_sdk(kind: Kind
     first = [(1, {"i": i}) for i in range(CARDINALITY_LIMIT - 3)]
     second = [(2, {"i": i}) for i in range(CARDINALITY_LIMIT + 7)]
     script = _Script(spec, [first, second, second])
-    sdk_reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[sdk_reader])
-    factory = {
-        Kind.OBSERVABLE_GAUGE: provider.get_meter("t").create_observable_gauge,
-        Kind.OBSERVABLE_COUNTER: provider.get_meter("t").create_observable_counter,
-        Kind.OBSERVABLE_UP_DOWN_COUNTER: provider.get_meter("t").create_observable_up_down_counter,
-    }[kind]
-    factory(
-        spec.name, callbacks=[script.sdk_callback], unit=spec.unit, description=spec.description
-    )
+    sdk_reader, provider = _sdk_side(script)
     direct = DirectMetrics()
     direct.add_source(script)
     reader = direct.reader()

@@ -31,7 +31,11 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         from otelgpu import _api
 
-        return getattr(_api, name)
+        value = getattr(_api, name)
+        # Kept as a module attribute: ``otelgpu.request(...)`` on every request must not
+        # go through this function again (a Python call per lookup).
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'otelgpu' has no attribute {name!r}")
 
 

@@ -57,3 +57,14 @@ def test_public_all_is_pinned(module: str) -> None:
     )
     for name in exported:
         assert hasattr(mod, name), f"{module}.__all__ names {name!r}, which does not exist"
+
+
+def test_lazy_api_names_resolve_once_to_the_api_functions() -> None:
+    """``import otelgpu`` defers the pipeline's import; a name resolved once is then a plain
+    module attribute (no module ``__getattr__`` call per ``otelgpu.request(...)``)."""
+    import otelgpu
+    from otelgpu import _api
+
+    for name in ("instrument", "shutdown", "step", "request"):
+        assert getattr(otelgpu, name) is getattr(_api, name)
+        assert vars(otelgpu)[name] is getattr(_api, name)

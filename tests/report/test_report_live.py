@@ -158,7 +158,13 @@ def test_live_view_redraws_in_a_real_terminal(tmp_path: Path) -> None:
         while time.monotonic() < deadline and len(screens) < 4:
             time.sleep(0.8)
             screen = _tmux(server, "capture-pane", "-p")
-            if "hw_thermal" in screen and "workload step 50" in screen:
+            # the board's own event panel, not the runtime's log line above it, which is
+            # printed the moment the sampler sees the throttle, before the next redraw
+            board_has_event = any(
+                line.startswith("│ │") and "throttle_start gpu1" in line
+                for line in screen.splitlines()
+            )
+            if board_has_event and "workload step 50" in screen:
                 screens.append(screen)
         assert len(screens) == 4, _tmux(server, "capture-pane", "-p")
         colour = _tmux(server, "capture-pane", "-p", "-e")

@@ -23,13 +23,15 @@ Thread-safe: the span's lock is held as the SDK holds it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Span as SdkSpan
 
-__all__ = ["set_attributes"]
+from otelgpu import _impl
+
+__all__ = ["plain_values", "py_plain_values", "set_attributes"]
 
 #: Values the SDK stores unchanged (exact types: a subclass goes the SDK's way).
 _PLAIN = frozenset({bool, int, float, bytes, type(None)})
@@ -43,32 +45,49 @@ def set_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
         span.set_attributes(attributes)
 
 
+def py_plain_values(attributes: Mapping[str, Any], limit: int | None) -> dict[str, Any] | None:
+    """``attributes`` as the SDK would store them on a span (lists and tuples as tuples),
+    or ``None`` where a key or value needs the SDK's own cleaning (module docstring).
+    ``limit``: the span's value length limit (``None``: none). The pure-Python twin of
+    ``otelgpu.otel._otlp_c.plain_values``."""
+    values: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if type(key) is not str or not key:
+            return None
+        t = type(value)
+        if t is str:
+            if limit is not None and len(value) > limit:
+                return None
+        elif t is list or t is tuple:
+            for item in value:
+                if type(item) is str:
+                    if limit is not None and len(item) > limit:
+                        return None
+                elif type(item) not in _PLAIN:
+                    return None
+            value = tuple(value)
+        elif t not in _PLAIN:
+            return None
+        values[key] = value
+    return values
+
+
+_native = _impl.native_module("otelgpu.otel._otlp_c")
+#: :func:`py_plain_values`, native when the core loaded (same result).
+plain_values: Callable[[Mapping[str, Any], int | None], dict[str, Any] | None] = (
+    _native.plain_values if _native is not None else py_plain_values
+)
+
+
 def _store(span: SdkSpan, attributes: Mapping[str, Any]) -> bool:
     """Writes ``attributes`` into the span's dict; ``False`` (nothing written) where the
     SDK's own path must decide."""
     bounded = getattr(span, "_attributes", None)
     if type(bounded) is not BoundedAttributes or bounded._immutable:
         return False
-    limit = bounded.max_value_len
-    values: dict[str, Any] = {}
-    for key, value in attributes.items():
-        if type(key) is not str or not key:
-            return False
-        t = type(value)
-        if t is str:
-            if limit is not None and len(value) > limit:
-                return False
-        elif t is list or t is tuple:
-            for item in value:
-                if type(item) is str:
-                    if limit is not None and len(item) > limit:
-                        return False
-                elif type(item) not in _PLAIN:
-                    return False
-            value = tuple(value)
-        elif t not in _PLAIN:
-            return False
-        values[key] = value
+    values = plain_values(attributes, bounded.max_value_len)
+    if values is None:
+        return False
     with span._lock:  # the lock Span.set_attributes takes
         if span._end_time is not None:  # ended: the SDK warns, ignores
             return False

@@ -279,3 +279,51 @@ def attributes_bytes(bytes tag, attributes):
         return PyBytes_FromStringAndSize(b.data, b.size)
     finally:
         free(b.data)
+
+
+cdef inline bint _plain_scalar(object value):
+    """A value the SDK stores unchanged: exact bool, int, float, bytes, or None."""
+    return (
+        value is None
+        or PyFloat_CheckExact(value)
+        or PyLong_CheckExact(value)  # bool is not an exact int: checked on its own
+        or type(value) is bool
+        or type(value) is bytes
+    )
+
+
+def plain_values(attributes, limit):
+    """Native twin of ``otelgpu.otel.span_attributes.py_plain_values``: ``attributes`` as
+    the SDK would store them on a span (lists as tuples), or ``None`` where a key or value
+    needs the SDK's own cleaning. ``limit``: the span's value length limit, or ``None``."""
+    cdef Py_ssize_t pos = 0, n, i, cap = -1
+    cdef PyObject *k
+    cdef PyObject *v
+    cdef dict out = {}
+    if limit is not None:
+        cap = limit
+    if not PyDict_CheckExact(attributes):
+        attributes = dict(attributes.items())
+    while PyDict_Next(attributes, &pos, &k, &v):
+        key = <object>k
+        value = <object>v
+        if not PyUnicode_CheckExact(key) or len(<str>key) == 0:
+            return None
+        if PyUnicode_CheckExact(value):
+            if cap >= 0 and len(<str>value) > cap:
+                return None
+        elif PyList_CheckExact(value) or PyTuple_CheckExact(value):
+            n = PySequence_Fast_GET_SIZE(value)
+            for i in range(n):
+                item = <object>PySequence_Fast_GET_ITEM(value, i)
+                if PyUnicode_CheckExact(item):
+                    if cap >= 0 and len(<str>item) > cap:
+                        return None
+                elif not _plain_scalar(item):
+                    return None
+            if not PyTuple_CheckExact(value):
+                value = tuple(value)
+        elif not _plain_scalar(value):
+            return None
+        out[key] = value
+    return out

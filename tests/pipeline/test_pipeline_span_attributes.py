@@ -1,6 +1,7 @@
 """``otelgpu.otel.span_attributes.set_attributes`` leaves a span exactly as the SDK's
 ``Span.set_attributes`` would: same keys, values, order and dropped count, for every kind
-of value and every span limit -- the fast path and the fallback alike."""
+of value and every span limit -- the fast path and the fallback alike, with either twin of
+``plain_values`` (the native one where this run has the native core)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,20 @@ from fixtures.generated_metrics import IntCode, TextSubclass
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
+from otelgpu import _impl
 from otelgpu.otel import span_attributes
+
+_NATIVE = _impl.native_module("otelgpu.otel._otlp_c")
+PLAIN_VALUES = [pytest.param(span_attributes.py_plain_values, id="py")]
+if _NATIVE is not None:
+    PLAIN_VALUES.append(pytest.param(_NATIVE.plain_values, id="native"))
+
+
+@pytest.fixture(params=PLAIN_VALUES)
+def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``span_attributes`` with one twin of ``plain_values`` in use."""
+    monkeypatch.setattr(span_attributes, "plain_values", request.param)
+    return request.param
 
 _START: dict[str, Any] = {
     "gen_ai.operation.name": "chat",
@@ -56,7 +70,9 @@ def _state(span: Any) -> tuple[list[tuple[str, Any]], int]:
 
 @pytest.mark.parametrize("limits", LIMITS.values(), ids=list(LIMITS))
 @pytest.mark.parametrize("attributes", CASES.values(), ids=list(CASES))
-def test_same_result_as_the_sdk(attributes: Mapping[Any, Any], limits: SpanLimits) -> None:
+def test_same_result_as_the_sdk(
+    attributes: Mapping[Any, Any], limits: SpanLimits, twin: Any
+) -> None:
     ours, sdk = _spans(limits)
     span_attributes.set_attributes(ours, attributes)
     sdk.set_attributes(attributes)
@@ -65,7 +81,7 @@ def test_same_result_as_the_sdk(attributes: Mapping[Any, Any], limits: SpanLimit
     assert _state(ours) == _state(sdk)
 
 
-def test_plain_values_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_values_take_the_fast_path(monkeypatch: pytest.MonkeyPatch, twin: Any) -> None:
     """A request span's own attributes never reach the SDK's cleaning; other values do."""
     ours, _ = _spans(SpanLimits())
     cleaned: list[Any] = []
@@ -84,7 +100,9 @@ def test_plain_values_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> Non
     assert cleaned == [CASES["nested mapping"]]
 
 
-def test_ended_span_is_left_alone_with_the_sdks_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_ended_span_is_left_alone_with_the_sdks_warning(
+    caplog: pytest.LogCaptureFixture, twin: Any
+) -> None:
     ours, _ = _spans(SpanLimits())
     ours.end()
     with caplog.at_level(logging.WARNING):
@@ -97,3 +115,20 @@ def test_span_of_another_implementation_gets_its_own_set_attributes() -> None:
     span = NonRecordingSpan(SpanContext(1, 2, False))
     span_attributes.set_attributes(span, {"a.f": 1.0})  # no error, nothing recorded
     assert not span.is_recording()
+
+
+@pytest.mark.parametrize("limit", [None, 0, 8])
+@pytest.mark.parametrize("attributes", CASES.values(), ids=list(CASES))
+def test_twins_agree_on_plain_values(attributes: Mapping[Any, Any], limit: int | None) -> None:
+    if _NATIVE is None:
+        pytest.skip("pure-Python run (OTELGPU_NO_EXTENSIONS): no native twin")
+    ours = _NATIVE.plain_values(attributes, limit)
+    theirs = span_attributes.py_plain_values(attributes, limit)
+    assert ours == theirs
+    if ours is not None:
+        assert [type(v) for v in ours.values()] == [type(v) for v in theirs.values()]
+
+
+def test_the_native_twin_is_used_where_it_loaded() -> None:
+    expected = span_attributes.py_plain_values if _NATIVE is None else _NATIVE.plain_values
+    assert span_attributes.plain_values is expected

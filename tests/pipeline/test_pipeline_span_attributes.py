@@ -29,6 +29,7 @@ def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any
     monkeypatch.setattr(span_attributes, "plain_values", request.param)
     return request.param
 
+
 _START: dict[str, Any] = {
     "gen_ai.operation.name": "chat",
     "gen_ai.request.model": "m",

@@ -39,9 +39,10 @@ Thread-safe (no state but the device table); never raises into the caller.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from otelgpu import _impl
 from otelgpu.otel.gpu_context import _FIELDS as _CONTEXT_FIELDS
 from otelgpu.sampler import _fields as F
 from otelgpu.sampler._records import RawSummary
@@ -83,52 +84,7 @@ class GpuSummarizer:
     def summary_attributes(self, raw: RawSummary, listed: bool) -> dict[str, Any]:
         """Span attributes of a ``RawSummary``; ``listed``: the caller chose the GPUs
         (their UUIDs are then listed in ``otelgpu.gpu.ids``)."""
-        n = raw.n_devices
-        uuids = self._uuids
-        out: dict[str, Any] = {"otelgpu.gpu.count": n}
-        valid = raw.valid
-        if valid & _UTIL:
-            out["otelgpu.gpu.utilization.mean"] = raw.gpu_util_mean * 0.01
-            out["otelgpu.gpu.utilization.max"] = raw.gpu_util_max * 0.01
-            out["otelgpu.gpu.memory.utilization.mean"] = raw.mem_util_mean * 0.01
-            if n > 1:
-                out["otelgpu.gpu.utilization.min"] = raw.gpu_util_min * 0.01
-        if valid & _MEMORY:
-            out["otelgpu.gpu.memory.peak"] = int(raw.mem_used_peak)
-        if valid & _ENERGY:
-            out["otelgpu.gpu.energy"] = raw.energy_j
-            out["otelgpu.gpu.energy.source"] = "counter" if raw.energy_from_counter else "power"
-        if valid & _TEMP:
-            out["otelgpu.gpu.temperature.max"] = float(raw.temp_max)
-        out["otelgpu.gpu.samples"] = int(raw.samples)
-        gpm_valid = raw.gpm_valid
-        if gpm_valid:
-            gpm = raw.gpm
-            for slot, attribute in _GPM_ATTRIBUTES:
-                if gpm_valid >> slot & 1:
-                    out[attribute] = gpm[slot] * 0.01
-        if n == 1:
-            out["hw.id"] = uuids[raw.worst]
-        else:
-            out["otelgpu.gpu.worst.id"] = uuids[raw.worst]
-            if listed:
-                out["otelgpu.gpu.ids"] = [uuids[i] for i in raw.devices]
-        # ---- health flags: only when something happened
-        if raw.throttled_fraction > 0:
-            out["otelgpu.gpu.throttled_fraction"] = raw.throttled_fraction
-            if n > 1:
-                out["otelgpu.gpu.throttled.ids"] = [uuids[i] for i in raw.throttled]
-        if raw.reasons:
-            out["otelgpu.gpu.throttle_reasons"] = list(self._names(raw.reasons))
-        if raw.ecc_uncorr_delta:
-            out["otelgpu.gpu.ecc.uncorrected"] = int(raw.ecc_uncorr_delta)
-        if raw.lost:
-            out["otelgpu.gpu.lost"] = True
-            if n > 1:
-                out["otelgpu.gpu.lost.ids"] = [uuids[i] for i in raw.lost]
-        if raw.xids:
-            out["otelgpu.gpu.xids"] = list(raw.xids)
-        return out
+        return summary_attributes(raw, self._uuids, listed, _GPM_ATTRIBUTES, self._names)
 
     def _names(self, bits: int) -> tuple[str, ...]:
         names = self._reason_names.get(bits)
@@ -137,6 +93,71 @@ class GpuSummarizer:
             if len(self._reason_names) < 1024:
                 self._reason_names[bits] = names
         return names
+
+
+def py_summary_attributes(
+    raw: RawSummary,
+    uuids: Sequence[str],
+    listed: bool,
+    gpm_attributes: Sequence[tuple[int, str]],
+    names: Callable[[int], Sequence[str]],
+) -> dict[str, Any]:
+    """Span attributes of ``raw`` (module docstring): ``uuids`` by sampler device index,
+    ``listed`` when the caller chose the GPUs, ``gpm_attributes`` the (GPM slot, attribute)
+    pairs, ``names(bits)`` the throttle reason names. The pure-Python twin of
+    ``otelgpu.sampler._sampler_c.summary_attributes``."""
+    n = raw.n_devices
+    out: dict[str, Any] = {"otelgpu.gpu.count": n}
+    valid = raw.valid
+    if valid & _UTIL:
+        out["otelgpu.gpu.utilization.mean"] = raw.gpu_util_mean * 0.01
+        out["otelgpu.gpu.utilization.max"] = raw.gpu_util_max * 0.01
+        out["otelgpu.gpu.memory.utilization.mean"] = raw.mem_util_mean * 0.01
+        if n > 1:
+            out["otelgpu.gpu.utilization.min"] = raw.gpu_util_min * 0.01
+    if valid & _MEMORY:
+        out["otelgpu.gpu.memory.peak"] = int(raw.mem_used_peak)
+    if valid & _ENERGY:
+        out["otelgpu.gpu.energy"] = raw.energy_j
+        out["otelgpu.gpu.energy.source"] = "counter" if raw.energy_from_counter else "power"
+    if valid & _TEMP:
+        out["otelgpu.gpu.temperature.max"] = float(raw.temp_max)
+    out["otelgpu.gpu.samples"] = int(raw.samples)
+    gpm_valid = raw.gpm_valid
+    if gpm_valid:
+        gpm = raw.gpm
+        for slot, attribute in gpm_attributes:
+            if gpm_valid >> slot & 1:
+                out[attribute] = gpm[slot] * 0.01
+    if n == 1:
+        out["hw.id"] = uuids[raw.worst]
+    else:
+        out["otelgpu.gpu.worst.id"] = uuids[raw.worst]
+        if listed:
+            out["otelgpu.gpu.ids"] = [uuids[i] for i in raw.devices]
+    # ---- health flags: only when something happened
+    if raw.throttled_fraction > 0:
+        out["otelgpu.gpu.throttled_fraction"] = raw.throttled_fraction
+        if n > 1:
+            out["otelgpu.gpu.throttled.ids"] = [uuids[i] for i in raw.throttled]
+    if raw.reasons:
+        out["otelgpu.gpu.throttle_reasons"] = list(names(raw.reasons))
+    if raw.ecc_uncorr_delta:
+        out["otelgpu.gpu.ecc.uncorrected"] = int(raw.ecc_uncorr_delta)
+    if raw.lost:
+        out["otelgpu.gpu.lost"] = True
+        if n > 1:
+            out["otelgpu.gpu.lost.ids"] = [uuids[i] for i in raw.lost]
+    if raw.xids:
+        out["otelgpu.gpu.xids"] = list(raw.xids)
+    return out
+
+
+_native = _impl.native_module("otelgpu.sampler._sampler_c")
+#: :func:`py_summary_attributes`, native when the core loaded (same result).
+summary_attributes: Callable[..., dict[str, Any]] = (
+    _native.summary_attributes if _native is not None else py_summary_attributes
+)
 
 
 def summarizer_for(sampler: Any) -> GpuSummarizer | None:

@@ -520,3 +520,58 @@ cdef class NativeCore:
         result = (st.ticks, st.samples, st.dropped, st.overwritten, st.ev_dropped, st.busy_ns)
         otg_unlock_data(st)
         return result
+
+
+def summary_attributes(summary, uuids, bint listed, gpm_attributes, names):
+    """Native twin of ``otelgpu.otel.gpu_summary.py_summary_attributes``: the span
+    attributes of a ``RawSummary`` (same keys, order, values and types)."""
+    if not isinstance(summary, tuple) or len(summary) != 21:
+        raise TypeError("summary_attributes() takes a RawSummary")
+    cdef tuple raw = <tuple>summary  # a NamedTuple: read by position
+    n = raw[0]
+    cdef uint32_t valid = raw[3]
+    cdef uint32_t gpm_valid = raw[19]
+    cdef int slot
+    cdef dict out = {"otelgpu.gpu.count": n}
+    if valid & OTG_F_UTIL:
+        out["otelgpu.gpu.utilization.mean"] = <double>raw[4] * 0.01
+        out["otelgpu.gpu.utilization.max"] = <double>raw[6] * 0.01
+        out["otelgpu.gpu.memory.utilization.mean"] = <double>raw[7] * 0.01
+        if n > 1:
+            out["otelgpu.gpu.utilization.min"] = <double>raw[5] * 0.01
+    if valid & OTG_F_MEMORY:
+        out["otelgpu.gpu.memory.peak"] = int(raw[8])
+    if valid & OTG_F_ENERGY:
+        out["otelgpu.gpu.energy"] = raw[9]
+        out["otelgpu.gpu.energy.source"] = "counter" if raw[10] else "power"
+    if valid & OTG_F_TEMP:
+        out["otelgpu.gpu.temperature.max"] = float(raw[11])
+    out["otelgpu.gpu.samples"] = int(raw[2])
+    if gpm_valid:
+        gpm = raw[20]
+        for slot, attribute in gpm_attributes:
+            if gpm_valid >> slot & 1:
+                out[attribute] = <double>gpm[slot] * 0.01
+    worst = raw[15]
+    if n == 1:
+        out["hw.id"] = uuids[worst]
+    else:
+        out["otelgpu.gpu.worst.id"] = uuids[worst]
+        if listed:
+            out["otelgpu.gpu.ids"] = [uuids[i] for i in raw[1]]
+    # ---- health flags: only when something happened
+    if raw[12] > 0:
+        out["otelgpu.gpu.throttled_fraction"] = raw[12]
+        if n > 1:
+            out["otelgpu.gpu.throttled.ids"] = [uuids[i] for i in raw[17]]
+    if raw[13]:
+        out["otelgpu.gpu.throttle_reasons"] = list(names(raw[13]))
+    if raw[14]:
+        out["otelgpu.gpu.ecc.uncorrected"] = int(raw[14])
+    if raw[16]:
+        out["otelgpu.gpu.lost"] = True
+        if n > 1:
+            out["otelgpu.gpu.lost.ids"] = [uuids[i] for i in raw[16]]
+    if raw[18]:
+        out["otelgpu.gpu.xids"] = list(raw[18])
+    return out

@@ -171,3 +171,61 @@ def test_twins_summarise_identically(sim_gpu: sim.SimGpu) -> None:
     finally:
         py.close()
         native.close()
+
+
+def _raw_summaries(rng: random.Random, n: int) -> list[Any]:
+    """RawSummary values over every branch of the span attributes: one or several GPUs,
+    each field valid or not, GPM slots, throttling, ECC, lost GPUs, XIDs."""
+    from otelgpu.sampler._records import NGPM, RawSummary
+
+    out = []
+    for _ in range(n):
+        count = rng.choice([1, 2, 8])
+        devices = tuple(rng.sample(range(8), count))
+        valid = 0
+        for bit in (F.F_UTIL, F.F_MEMORY, F.F_ENERGY, F.F_TEMP, F.F_REASONS, F.F_GPM):
+            if rng.random() < 0.7:
+                valid |= bit
+        gpm_valid = rng.getrandbits(NGPM) if valid & F.F_GPM else 0
+        lost = tuple(d for d in devices if rng.random() < 0.2)
+        throttled = tuple(d for d in devices if rng.random() < 0.3)
+        raw = RawSummary(
+                count, devices, rng.randrange(1, 500), valid,
+                rng.uniform(0, 100), rng.uniform(0, 100), rng.uniform(0, 100),
+                rng.uniform(0, 100), rng.randrange(1 << 40), rng.uniform(0, 5000),
+                rng.randrange(2), rng.randrange(20, 95),
+                rng.random() if throttled else 0.0, rng.getrandbits(12) if throttled else 0,
+                rng.choice([0, 0, 3]), rng.choice(devices), lost, throttled,
+                tuple(sorted(rng.sample([13, 31, 48, 79, 94], rng.randrange(3)))),
+                gpm_valid, tuple(rng.uniform(0, 100) for _ in range(NGPM)),
+        )  # fmt: skip
+        out.append(raw)
+    return out
+
+
+def test_summary_attribute_twins_agree() -> None:
+    """The native and pure-Python span attributes of a summary: same keys in the same
+    order, same values and value types, for every branch."""
+    from otelgpu.otel import gpu_summary
+
+    native = _impl.native_module("otelgpu.sampler._sampler_c")
+    if native is None:
+        pytest.skip("pure-Python run (OTELGPU_NO_EXTENSIONS): no native twin")
+    uuids = tuple(f"GPU-{i}" for i in range(8))
+
+    def names(bits: int) -> tuple[str, ...]:
+        return tuple(sorted(F.reason_names(bits)))
+
+    gpm = gpu_summary._GPM_ATTRIBUTES
+    assert gpm  # GPM slots are named: the GPM branch is exercised
+    seen: set[str] = set()
+    for raw in _raw_summaries(random.Random(11), 400):
+        for listed in (False, True):
+            ours = native.summary_attributes(raw, uuids, listed, gpm, names)
+            theirs = gpu_summary.py_summary_attributes(raw, uuids, listed, gpm, names)
+            assert list(ours.items()) == list(theirs.items())
+            assert [type(v) for v in ours.values()] == [type(v) for v in theirs.values()]
+            seen.update(ours)
+    for key in ("otelgpu.gpu.lost.ids", "otelgpu.gpu.xids", "hw.id", "otelgpu.gpu.ids"):
+        assert key in seen
+    assert gpu_summary.summary_attributes is native.summary_attributes

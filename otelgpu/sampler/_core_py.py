@@ -156,6 +156,7 @@ class PyCore:
     def _reset_counters(self) -> None:
         self._events: list[tuple[int, int, int, int, int] | None] = [None] * self._ev_cap
         self._ev_head = 0
+        self._ev_newest_t = 0  # latest t_ns of any event pushed (valid when _ev_head > 0)
         self._ev_dropped = 0
         self._ticks = self._samples = self._dropped = self._overwritten = 0
         self._busy_ns = 0
@@ -518,6 +519,8 @@ class PyCore:
     def _push_event(self, t: int, dev: int, kind: int, code: int, detail: int) -> None:
         if self._ev_head >= self._ev_cap:
             self._ev_dropped += 1
+        if self._ev_head == 0 or t > self._ev_newest_t:
+            self._ev_newest_t = t
         self._events[self._ev_head % self._ev_cap] = (t, dev, kind, code, detail)
         self._ev_head += 1
 
@@ -683,6 +686,8 @@ class PyCore:
         """
         out: list[tuple[int, ...]] = []
         with self._data_lock:
+            if self._ev_head == 0 or self._ev_newest_t < s_ns:
+                return out  # a window after the latest event: no walk over the ring
             n = min(self._ev_head, self._ev_cap)
             for k in range(self._ev_head - n, self._ev_head):
                 e = self._events[k % self._ev_cap]

@@ -206,6 +206,7 @@ typedef struct {
     otg_evset_t evset;
     otg_event_t *events;
     uint64_t ev_cap, ev_head, ev_dropped;
+    int64_t ev_newest_t; /* latest t_ns of any event pushed (valid when ev_head > 0) */
     uint64_t ticks, samples, dropped, overwritten;
     int64_t busy_ns;
 } otg_state_t;
@@ -309,6 +310,7 @@ static void otg_push_event(otg_state_t *st, int64_t t_ns, int dev, int kind, uin
 {
     otg_event_t *e = &st->events[st->ev_head % st->ev_cap];
     if (st->ev_head >= st->ev_cap) st->ev_dropped++;
+    if (st->ev_head == 0 || t_ns > st->ev_newest_t) st->ev_newest_t = t_ns;
     e->t_ns = t_ns;
     e->dev = dev;
     e->kind = kind;
@@ -1022,6 +1024,12 @@ static int otg_events_copy(otg_state_t *st, int64_t s_ns, int64_t e_ns, int dev,
 {
     int count = 0;
     pthread_mutex_lock(&st->data_lock);
+    /* The common case, a window after the latest event: no walk over the whole ring
+     * (up to ev_cap events, on every span of a long run with old events retained). */
+    if (st->ev_head == 0 || st->ev_newest_t < s_ns) {
+        pthread_mutex_unlock(&st->data_lock);
+        return 0;
+    }
     uint64_t n = st->ev_head < st->ev_cap ? st->ev_head : st->ev_cap;
     for (uint64_t k = st->ev_head - n; k < st->ev_head && count < max; k++) {
         const otg_event_t *e = &st->events[k % st->ev_cap];

@@ -245,3 +245,31 @@ def test_unloadable_library_is_reported_not_raised(
         assert sampler.latest(sampler.devices[0].uuid) is None
     else:
         assert sampler.running and sampler.error is None
+
+
+def test_event_queries_agree_with_the_ring_after_it_wrapped(
+    sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    """Events of any window are those of the retained ring in it, also when the window
+    lies after the latest event (answered without walking the ring) and after the ring
+    has overwritten its oldest events."""
+    import random
+
+    sampler = make_sampler(interval_s=0.05, event_capacity=16)
+    stamps = []
+    for k in range(120):
+        if k % 4 == 0:  # a short throttle every 4 samples: a throttle_start event each
+            sim_gpu.inject("throttle", gpu=k % 2, reason="sw_thermal", duration_s=0.1)
+        stamps.append(sim_gpu.time_ns())
+        sampler.sample_once(timestamp_ns=stamps[-1])
+        sim_gpu.advance(0.07)
+    retained = sampler.events(0, FOREVER)
+    assert len(retained) == 16 and sampler.stats().events_dropped > 0
+    assert retained[-1].time_ns < stamps[-1]  # windows after the latest event exist
+    rng = random.Random(3)
+    for _ in range(300):
+        a, b = sorted(rng.randrange(stamps[0] - 10**9, stamps[-1] + 10**9) for _ in "ab")
+        expected = [e for e in retained if a <= e.time_ns <= b]
+        assert sampler.events(a, b) == expected
+    assert sampler.events(retained[-1].time_ns + 1, FOREVER) == []
+    assert sampler.events(retained[-1].time_ns, retained[-1].time_ns) == [retained[-1]]

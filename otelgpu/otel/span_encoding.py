@@ -193,8 +193,9 @@ def _flags(parent: Any) -> bytes:
     return _pack_i(0x300 if parent is not None and parent.is_remote else 0x100)
 
 
-def encode_span(span: Any) -> bytes:
-    """One ``Span`` message body (an SDK ``ReadableSpan``)."""
+def py_encode_span(span: Any) -> bytes:
+    """One ``Span`` message body (an SDK ``ReadableSpan``): the pure-Python twin of
+    ``otelgpu.otel._otlp_c.encode_span``."""
     ctx = span.get_span_context()
     parts = [
         b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"),
@@ -256,6 +257,10 @@ def encode_span(span: Any) -> bytes:
         parts.append(_ld(b"\x7a", b"".join(body)))
     parts.append(b"\x85\x01" + _flags(parent))
     return b"".join(parts)
+
+
+#: :func:`py_encode_span`, native when the core loaded (same bytes).
+encode_span: Callable[[Any], bytes] = _native.encode_span if _native is not None else py_encode_span
 
 
 _resource_cache: dict[int, tuple[Any, bytes]] = {}

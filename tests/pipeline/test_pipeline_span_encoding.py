@@ -27,6 +27,16 @@ from otelgpu.otel import span_encoding
 
 #: The native attribute encoder, when this run uses the native core.
 TWINS = _impl.native_module("otelgpu.otel._otlp_c")
+SPAN_ENCODERS = [pytest.param(span_encoding.py_encode_span, id="py")]
+if TWINS is not None:
+    SPAN_ENCODERS.append(pytest.param(TWINS.encode_span, id="native"))
+
+
+@pytest.fixture(params=SPAN_ENCODERS)
+def span_encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``span_encoding`` with one twin of ``encode_span`` in use (both where both exist)."""
+    monkeypatch.setattr(span_encoding, "encode_span", request.param)
+    return request.param
 
 
 def _provider(resource: Resource | None = None) -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -91,17 +101,17 @@ def _same(spans: list[Any]) -> None:
     assert ours == sdk.SerializeToString()
 
 
-def test_pipeline_encoder_matches_sdk_on_varied_spans() -> None:
+def test_pipeline_encoder_matches_sdk_on_varied_spans(span_encoder: Any) -> None:
     _same(_varied_spans())
 
 
-def test_pipeline_encoder_matches_sdk_twice_with_caches_warm() -> None:
+def test_pipeline_encoder_matches_sdk_twice_with_caches_warm(span_encoder: Any) -> None:
     spans = _varied_spans()
     _same(spans)
     _same(spans[::-1])
 
 
-def test_pipeline_encoder_skips_what_the_sdk_skips() -> None:
+def test_pipeline_encoder_skips_what_the_sdk_skips(span_encoder: Any) -> None:
     tp, exporter = _provider()
     with tp.get_tracer("t").start_as_current_span("s") as span:
         span.set_attribute("ok", 1)
@@ -110,7 +120,7 @@ def test_pipeline_encoder_skips_what_the_sdk_skips() -> None:
 
 
 @pytest.mark.usefixtures("reset_otel_globals")
-def test_pipeline_encoder_matches_sdk_on_otelgpu_spans(sim_gpu: Any) -> None:
+def test_pipeline_encoder_matches_sdk_on_otelgpu_spans(sim_gpu: Any, span_encoder: Any) -> None:
     handle = otelgpu.instrument(exporters="none", frameworks="none")
     runtime = handle.runtime
     assert runtime is not None and runtime.pipeline is not None
@@ -264,3 +274,19 @@ def test_encoded_attributes_decode_as_the_sdk_encodes_them() -> None:
             span.set_attribute(f"k.{name}", value)
     (finished,) = exporter.get_finished_spans()
     assert span_encoding.encode_request([finished]) == encode_spans([finished]).SerializeToString()
+
+
+@pytest.mark.skipif(not TWINS, reason="this run forces the pure-Python twin")
+def test_native_span_encoder_equals_the_twin() -> None:
+    """Span by span (resources, scopes, remote parents, trace state, events, links, status,
+    every attribute kind): the same bytes from both encoders."""
+    assert TWINS is not None
+    tp, exporter = _provider()
+    with tp.get_tracer("t").start_as_current_span("every kind") as span:
+        for name, value in ATTRIBUTE_VALUES.items():
+            span.set_attribute(f"k.{name}", value)
+        span.add_event("e", {f"k.{name}": v for name, v in ATTRIBUTE_VALUES.items()})
+    spans = [*_varied_spans(), *exporter.get_finished_spans()]
+    for span in spans:
+        assert TWINS.encode_span(span) == span_encoding.py_encode_span(span), span.name
+    assert span_encoding.encode_span is TWINS.encode_span

@@ -14,9 +14,10 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from otelgpu import _impl
 from otelgpu.otel import span_encoding
 
 _INT64_MIN = -(1 << 63)
@@ -189,10 +190,16 @@ def request_line(pairs: Sequence[tuple[Any, dict[str, Any]]]) -> str:
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def span_text(span: Any) -> str:
+def py_span_text(span: Any) -> str:
     """:func:`span_dict` of ``span`` as JSON text: one untracked string instead of a tree
-    of dicts, so spans encoded ahead of sending cost the garbage collector nothing."""
+    of dicts, so spans encoded ahead of sending cost the garbage collector nothing. The
+    pure-Python twin of ``otelgpu.otel._otlp_c.span_text``."""
     return _dumps(span_dict(span))
+
+
+_native = _impl.native_module("otelgpu.otel._otlp_c")
+#: :func:`py_span_text`, native when the core loaded (the same text).
+span_text: Callable[[Any], str] = _native.span_text if _native is not None else py_span_text
 
 
 def request_line_text(pairs: Sequence[tuple[Any, str]]) -> str:

@@ -17,7 +17,9 @@ from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
 from libc.stdint cimport uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memmove, strlen
+
+import math
 
 cdef extern from "Python.h":
     bint PyFloat_CheckExact(object)
@@ -33,6 +35,7 @@ cdef extern from "Python.h":
     Py_ssize_t PySequence_Fast_GET_SIZE(object)
     PyObject *PySequence_Fast_GET_ITEM(object, Py_ssize_t)
     void PyErr_Clear()
+    object PyUnicode_DecodeASCII(const char *, Py_ssize_t, const char *)
 
 # Kinds of a plain value.
 cdef enum:
@@ -41,6 +44,10 @@ cdef enum:
     K_BOOL = 2
     K_INT = 3
     K_FLOAT = 4
+
+cdef object _INT64_MIN = -(1 << 63)
+cdef object _INT64_MAX = (1 << 63) - 1
+
 
 cdef struct Buf:
     char *data
@@ -458,3 +465,227 @@ def plain_values(attributes, limit):
             return None
         out[key] = value
     return out
+
+
+# --------------------------------------------------------------------------- OTLP/JSON
+# Native twin of otelgpu.otel.span_json.span_text: the recording's JSON of one span,
+# written as text. Exactly ``json.dumps`` of ``span_dict`` with separators (",", ":") and
+# ASCII escaping: strings through json's own ``encode_basestring_ascii``, floats through
+# ``float.__repr__`` (what json's encoder calls), anything unusual through the twin's code.
+_json_twin = None
+
+
+cdef object _json():
+    """(encode_basestring_ascii, dumps, _value) of the twin, imported once, lazily (the twin
+    imports this module)."""
+    global _json_twin
+    if _json_twin is None:
+        from json.encoder import encode_basestring_ascii
+
+        from otelgpu.otel import span_json
+
+        _json_twin = (encode_basestring_ascii, span_json._dumps, span_json._value)
+    return _json_twin
+
+
+cdef int _put_text(Buf *b, object text) except -1:
+    """An ASCII ``str`` (already JSON) as it is."""
+    cdef Py_ssize_t n
+    cdef const char *p = PyUnicode_AsUTF8AndSize(text, &n)
+    if p == NULL:
+        raise ValueError("not text")
+    _reserve(b, n)
+    _raw(b, p, n)
+    return 0
+
+
+cdef int _put_lit(Buf *b, const char *p) except -1:
+    cdef Py_ssize_t n = strlen(p)
+    _reserve(b, n)
+    _raw(b, p, n)
+    return 0
+
+
+cdef int _put_json_str(Buf *b, object value, object escape) except -1:
+    return _put_text(b, escape(value))
+
+
+cdef int _put_quoted_int(Buf *b, object value) except -1:
+    _put_lit(b, '"')
+    _put_text(b, int.__repr__(value))
+    _put_lit(b, '"')
+    return 0
+
+
+cdef Py_ssize_t _put_json_attributes(Buf *b, object attributes, object twin) except -1:
+    """The ``KeyValue`` objects of ``attributes``, comma-separated; returns how many (what
+    the SDK's encoder drops is dropped, as the twin does)."""
+    cdef Py_ssize_t written = 0
+    if not attributes:
+        return 0
+    escape, dumps, value_json = twin
+    for key, value in getattr(attributes, "_dict", attributes).items():
+        if written:
+            _put_lit(b, ",")
+        if PyUnicode_CheckExact(key):
+            if PyFloat_CheckExact(value) and math.isfinite(PyFloat_AS_DOUBLE(value)):
+                _put_lit(b, '{"key":')
+                _put_json_str(b, key, escape)
+                _put_lit(b, ',"value":{"doubleValue":')
+                _put_text(b, float.__repr__(value))
+                _put_lit(b, "}}")
+                written += 1
+                continue
+            if PyUnicode_CheckExact(value):
+                _put_lit(b, '{"key":')
+                _put_json_str(b, key, escape)
+                _put_lit(b, ',"value":{"stringValue":')
+                _put_json_str(b, value, escape)
+                _put_lit(b, "}}")
+                written += 1
+                continue
+            if PyLong_CheckExact(value) and _INT64_MIN <= value <= _INT64_MAX:
+                _put_lit(b, '{"key":')
+                _put_json_str(b, key, escape)
+                _put_lit(b, ',"value":{"intValue":')
+                _put_quoted_int(b, value)
+                _put_lit(b, "}}")
+                written += 1
+                continue
+        try:
+            kv = {"key": key, "value": value_json(value)}
+        except ValueError:  # what the SDK's encoder drops, the twin drops too
+            if written:
+                b.size -= 1  # the comma written for it
+            continue
+        _put_text(b, dumps(kv))
+        written += 1
+    return written
+
+
+cdef int _put_json_attributes_field(Buf *b, object attributes, object dropped,
+                                    object twin) except -1:
+    """``,"attributes":[…]`` when any is encoded, then ``,"droppedAttributesCount":n``."""
+    cdef Py_ssize_t mark = b.size
+    _put_lit(b, ',"attributes":[')
+    if _put_json_attributes(b, attributes, twin):
+        _put_lit(b, "]")
+    else:
+        b.size = mark
+    if dropped:
+        _put_lit(b, ',"droppedAttributesCount":')
+        _put_text(b, int.__repr__(dropped))
+    return 0
+
+
+cdef int _put_json_flags(Buf *b, object context) except -1:
+    if context is not None and context.is_remote:
+        return _put_lit(b, "768")
+    return _put_lit(b, "256")
+
+
+def span_text(span):
+    """Native twin of ``otelgpu.otel.span_json.span_text``: ``span_dict(span)`` as JSON text,
+    character for character."""
+    cdef Buf b
+    cdef bint first
+    cdef Py_ssize_t mark
+    twin = _json()
+    escape = twin[0]
+    b.data = NULL
+    b.size = 0
+    b.cap = 0
+    try:
+        ctx = span.get_span_context()
+        _put_lit(&b, '{"traceId":"')
+        _put_text(&b, format(ctx.trace_id, "032x"))
+        _put_lit(&b, '","spanId":"')
+        _put_text(&b, format(ctx.span_id, "016x"))
+        _put_lit(&b, '"')
+        state = ctx.trace_state
+        if state:
+            _put_lit(&b, ',"traceState":')
+            _put_json_str(&b, ",".join([f"{k}={v}" for k, v in state.items()]), escape)
+        parent = span.parent
+        if parent:
+            _put_lit(&b, ',"parentSpanId":"')
+            _put_text(&b, format(parent.span_id, "016x"))
+            _put_lit(&b, '"')
+        name = span.name
+        if name:
+            _put_lit(&b, ',"name":')
+            _put_json_str(&b, name, escape)
+        _put_lit(&b, ',"kind":')
+        _put_text(&b, int.__repr__(span.kind.value + 1))
+        start = span.start_time
+        if start:
+            _put_lit(&b, ',"startTimeUnixNano":')
+            _put_quoted_int(&b, start)
+        end = span.end_time
+        if end:
+            _put_lit(&b, ',"endTimeUnixNano":')
+            _put_quoted_int(&b, end)
+        plain = getattr(getattr(span, "_attributes", None), "_dict", None)
+        _put_json_attributes_field(
+            &b, plain if type(plain) is dict else span.attributes, span.dropped_attributes, twin
+        )
+        first = True
+        for event in span.events:
+            _put_lit(&b, ',"events":[{' if first else ",{")
+            first = False
+            mark = b.size
+            timestamp = event.timestamp
+            if timestamp:
+                _put_lit(&b, ',"timeUnixNano":')
+                _put_quoted_int(&b, timestamp)
+            event_name = event.name
+            if event_name:
+                _put_lit(&b, ',"name":')
+                _put_json_str(&b, event_name, escape)
+            _put_json_attributes_field(&b, event.attributes, event.dropped_attributes, twin)
+            if b.size > mark:  # the object's first member has no leading comma
+                memmove(b.data + mark, b.data + mark + 1, b.size - mark - 1)
+                b.size -= 1
+            _put_lit(&b, "}")
+        if not first:
+            _put_lit(&b, "]")
+        if span.dropped_events:
+            _put_lit(&b, ',"droppedEventsCount":')
+            _put_text(&b, int.__repr__(span.dropped_events))
+        first = True
+        for link in span.links:
+            _put_lit(&b, ',"links":[' if first else ",")
+            first = False
+            link_ctx = link.context
+            _put_lit(&b, '{"traceId":"')
+            _put_text(&b, format(link_ctx.trace_id, "032x"))
+            _put_lit(&b, '","spanId":"')
+            _put_text(&b, format(link_ctx.span_id, "016x"))
+            _put_lit(&b, '"')
+            _put_json_attributes_field(&b, link.attributes, link.dropped_attributes, twin)
+            _put_lit(&b, ',"flags":')
+            _put_json_flags(&b, link_ctx)
+            _put_lit(&b, "}")
+        if not first:
+            _put_lit(&b, "]")
+        if span.dropped_links:
+            _put_lit(&b, ',"droppedLinksCount":')
+            _put_text(&b, int.__repr__(span.dropped_links))
+        status = span.status
+        if status is not None:
+            _put_lit(&b, ',"status":{')
+            description = status.description
+            code = status.status_code.value
+            if description:
+                _put_lit(&b, '"message":')
+                _put_json_str(&b, description, escape)
+            if code:
+                _put_lit(&b, ',"code":' if description else '"code":')
+                _put_text(&b, int.__repr__(code))
+            _put_lit(&b, "}")
+        _put_lit(&b, ',"flags":')
+        _put_json_flags(&b, parent)
+        _put_lit(&b, "}")
+        return PyUnicode_DecodeASCII(b.data, b.size, NULL)
+    finally:
+        free(b.data)

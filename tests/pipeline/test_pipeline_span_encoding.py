@@ -290,3 +290,57 @@ def test_native_span_encoder_equals_the_twin() -> None:
     for span in spans:
         assert TWINS.encode_span(span) == span_encoding.py_encode_span(span), span.name
     assert span_encoding.encode_span is TWINS.encode_span
+
+
+@pytest.mark.skipif(not TWINS, reason="this run forces the pure-Python twin")
+def test_native_span_json_equals_the_twin() -> None:
+    """The recording's JSON of a span, span by span (remote parents, trace state, events
+    with and without attributes, links, status, every attribute kind including what the
+    SDK's encoder drops, non-ASCII and control characters in names and values): the same
+    text, character for character, from both writers."""
+    from otelgpu.otel import span_json
+
+    assert TWINS is not None
+    tp, exporter = _provider()
+    tracer = tp.get_tracer("t")
+    with tracer.start_as_current_span("every kind") as span:
+        for name, value in ATTRIBUTE_VALUES.items():
+            span.set_attribute(f"k.{name}", value)
+        span.add_event("e", {f"k.{name}": v for name, v in ATTRIBUTE_VALUES.items()})
+        span.add_event("dropped only", {"huge": 1 << 70})
+        span.add_event("", {})
+    with tracer.start_as_current_span('quote " back\\slash \n tab\t ctl\x01 é 🚀') as span:
+        span.set_attribute('k"q', 'v\x1f"\\')
+        span.set_status(Status(StatusCode.ERROR))
+    with tracer.start_as_current_span("only huge", attributes={"huge": 1 << 70}):
+        pass
+    spans = [*_varied_spans(), *exporter.get_finished_spans()]
+    for span in spans:
+        assert TWINS.span_text(span) == span_json.py_span_text(span), span.name
+    assert span_json.span_text is TWINS.span_text
+
+
+@pytest.mark.skipif(not TWINS, reason="this run forces the pure-Python twin")
+@pytest.mark.usefixtures("reset_otel_globals")
+def test_native_span_json_equals_the_twin_on_otelgpu_spans(sim_gpu: Any) -> None:
+    from otelgpu.otel import span_json
+
+    assert TWINS is not None
+    handle = otelgpu.instrument(exporters="none", frameworks="none")
+    runtime = handle.runtime
+    assert runtime is not None and runtime.pipeline is not None
+    exporter = InMemorySpanExporter()
+    runtime.pipeline.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[attr-defined]
+    time.sleep(0.3)
+    sim_gpu.inject("xid", gpu=1, code=48)
+    for i in range(3):
+        with otelgpu.step(samples=8, tokens=100, attributes={"run": "r"}):
+            time.sleep(0.05)
+        with otelgpu.request(model="m", attributes={"tenant": f"t{i}"}) as r:
+            r.first_token()
+            r.tokens(4)
+    spans = list(exporter.get_finished_spans())
+    assert len(spans) == 6
+    for span in spans:
+        assert TWINS.span_text(span) == span_json.py_span_text(span), span.name
+    handle.shutdown()

@@ -17,9 +17,9 @@ from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
 from libc.stdint cimport uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
+from libc.math cimport isfinite
+from libc.stdio cimport snprintf
 from libc.string cimport memcpy, memmove, strlen
-
-import math
 
 cdef extern from "Python.h":
     bint PyFloat_CheckExact(object)
@@ -36,6 +36,9 @@ cdef extern from "Python.h":
     PyObject *PySequence_Fast_GET_ITEM(object, Py_ssize_t)
     void PyErr_Clear()
     object PyUnicode_DecodeASCII(const char *, Py_ssize_t, const char *)
+    char *PyOS_double_to_string(double, char, int, int, int *) except NULL
+    void PyMem_Free(void *)
+    int Py_DTSF_ADD_DOT_0
 
 # Kinds of a plain value.
 cdef enum:
@@ -510,9 +513,40 @@ cdef int _put_json_str(Buf *b, object value, object escape) except -1:
     return _put_text(b, escape(value))
 
 
+#: JSON of attribute keys (``"key"`` quoted and escaped), bounded like the key cache above.
+cdef dict _json_keys = {}
+
+
+cdef int _put_json_key(Buf *b, object key, object escape) except -1:
+    encoded = _json_keys.get(key)
+    if encoded is None:
+        encoded = escape(key)
+        if len(_json_keys) >= 4096:
+            _json_keys.clear()
+        _json_keys[key] = encoded
+    return _put_text(b, encoded)
+
+
+cdef int _put_double(Buf *b, double d) except -1:
+    """``float.__repr__`` of a finite ``d`` (what json's encoder writes)."""
+    cdef char *text = PyOS_double_to_string(d, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        _put_lit(b, text)
+    finally:
+        PyMem_Free(text)
+    return 0
+
+
 cdef int _put_quoted_int(Buf *b, object value) except -1:
+    cdef int overflow = 0
+    cdef long long i = PyLong_AsLongLongAndOverflow(value, &overflow)
+    cdef char digits[24]
     _put_lit(b, '"')
-    _put_text(b, int.__repr__(value))
+    if overflow or not PyLong_CheckExact(value):
+        _put_text(b, int.__repr__(value))
+    else:
+        snprintf(digits, sizeof(digits), "%lld", i)
+        _put_lit(b, digits)
     _put_lit(b, '"')
     return 0
 
@@ -528,17 +562,17 @@ cdef Py_ssize_t _put_json_attributes(Buf *b, object attributes, object twin) exc
         if written:
             _put_lit(b, ",")
         if PyUnicode_CheckExact(key):
-            if PyFloat_CheckExact(value) and math.isfinite(PyFloat_AS_DOUBLE(value)):
+            if PyFloat_CheckExact(value) and isfinite(PyFloat_AS_DOUBLE(value)):
                 _put_lit(b, '{"key":')
-                _put_json_str(b, key, escape)
+                _put_json_key(b, key, escape)
                 _put_lit(b, ',"value":{"doubleValue":')
-                _put_text(b, float.__repr__(value))
+                _put_double(b, PyFloat_AS_DOUBLE(value))
                 _put_lit(b, "}}")
                 written += 1
                 continue
             if PyUnicode_CheckExact(value):
                 _put_lit(b, '{"key":')
-                _put_json_str(b, key, escape)
+                _put_json_key(b, key, escape)
                 _put_lit(b, ',"value":{"stringValue":')
                 _put_json_str(b, value, escape)
                 _put_lit(b, "}}")
@@ -546,7 +580,7 @@ cdef Py_ssize_t _put_json_attributes(Buf *b, object attributes, object twin) exc
                 continue
             if PyLong_CheckExact(value) and _INT64_MIN <= value <= _INT64_MAX:
                 _put_lit(b, '{"key":')
-                _put_json_str(b, key, escape)
+                _put_json_key(b, key, escape)
                 _put_lit(b, ',"value":{"intValue":')
                 _put_quoted_int(b, value)
                 _put_lit(b, "}}")

@@ -23,6 +23,7 @@ BENCHES: list[list[str]] = [
     ["bench_vllm.py"],
     ["bench_diagnosis.py"],
     ["bench_export.py"],
+    ["bench_instructions.py"],  # needs valgrind
     ["bench_gpu_collection.py"],
 ]
 

@@ -20,6 +20,7 @@ from opentelemetry.trace import Span
 from otelgpu.gpu_truth.work import WorkAccounting
 from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.span_attributes import set_attributes
+from otelgpu.otel.span_start import SpanStarter
 from otelgpu.otel.stats import InternalStats
 from otelgpu.otel.tail_sampling import StepSpanSampler
 from otelgpu.runtime.gpu import GpuContext
@@ -73,6 +74,7 @@ class Recorder(abc.ABC, Generic[R]):
 
     def __init__(self, parts: Parts) -> None:
         self._tracer = parts.tracer
+        self._starter = SpanStarter(parts.tracer)
         self._work = parts.work
         self._gpu = parts.gpu
         self._stats = parts.stats

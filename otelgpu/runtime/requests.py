@@ -148,7 +148,7 @@ class RequestRecorder(Recorder[RequestRecord]):
             attrs["server.port"] = record.server_port
         if record.span_attributes:
             attrs.update(record.span_attributes)
-        return self._tracer.start_span(
+        return self._starter.start(
             name,
             context=record.context,
             kind=SpanKind.SERVER,

@@ -58,7 +58,7 @@ class StepRecorder(Recorder[StepRecord]):
 
     def start_span(self, record: StepRecord) -> Span:
         """A live span for ``record`` (its start time, name, parent and span attributes)."""
-        return self._tracer.start_span(
+        return self._starter.start(
             record.name or catalog.STEP_SPAN,
             context=record.context,
             start_time=record.start_ns,

@@ -189,6 +189,27 @@ def _scrape_once() -> None:
     generate_latest(REGISTRY)
 
 
+def instrumented(
+    kind: str, exporter: str, gpus: int, ports: tuple[int, int], tmp: str, metric_interval_ms: int
+) -> Any:
+    """``otelgpu.instrument()`` for a ``step``/``step-all``/``request`` row: ``gpus`` simulated
+    GPUs (``healthy-8xh100``; 0: no GPU), ``exporter``'s settings; returns the handle."""
+    import otelgpu
+    from otelgpu import sim
+
+    if gpus:
+        sim.activate("healthy-8xh100", clock="wall")
+    return otelgpu.instrument(
+        gpu=bool(gpus),
+        devices="0" if gpus == 1 else None,
+        frameworks="none",
+        metric_export_interval_ms=metric_interval_ms,
+        # "step-all": every step span exported (no tail-keeping sampling)
+        step_spans_per_second=0 if kind == "step-all" else None,
+        **_exporter_settings(exporter, ports, tmp),
+    )
+
+
 def worker(
     kind: str, exporter: str, gpus: int, n: int, ports: tuple[int, int], tmp: str
 ) -> dict[str, Any]:
@@ -203,19 +224,8 @@ def worker(
                 _scrape_once()
     else:
         import otelgpu
-        from otelgpu import sim
 
-        if gpus:
-            sim.activate("healthy-8xh100", clock="wall")
-        handle = otelgpu.instrument(
-            gpu=bool(gpus),
-            devices="0" if gpus == 1 else None,
-            frameworks="none",
-            metric_export_interval_ms=5000,
-            # "step-all": every step span exported (no tail-keeping sampling)
-            step_spans_per_second=0 if kind == "step-all" else None,
-            **_exporter_settings(exporter, ports, tmp),
-        )
+        handle = instrumented(kind, exporter, gpus, ports, tmp, metric_interval_ms=5000)
 
         def flush() -> None:
             handle.force_flush()

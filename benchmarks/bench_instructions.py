@@ -79,17 +79,10 @@ def child(kind: str, gpus: int, n: int, port: int) -> None:
         flush = tp.force_flush
     else:
         import otelgpu
-        from otelgpu import _runtime, sim
+        from otelgpu import _runtime
 
-        if gpus:
-            sim.activate("healthy-8xh100", clock="wall")
-        handle = otelgpu.instrument(
-            gpu=bool(gpus),
-            devices="0" if gpus == 1 else None,
-            frameworks="none",
-            metric_export_interval_ms=600_000,
-            step_spans_per_second=0 if kind == "step-all" else None,
-            **bench_export._exporter_settings("otlp-grpc", ports, ""),
+        handle = bench_export.instrumented(
+            kind, "otlp-grpc", gpus, ports, "", metric_interval_ms=600_000
         )
         flush = handle.force_flush
         if kind == "request":

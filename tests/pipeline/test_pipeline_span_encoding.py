@@ -120,13 +120,19 @@ def test_pipeline_encoder_skips_what_the_sdk_skips(span_encoder: Any) -> None:
 
 
 @pytest.mark.usefixtures("reset_otel_globals")
-def test_pipeline_encoder_matches_sdk_on_otelgpu_spans(sim_gpu: Any, span_encoder: Any) -> None:
+def _instrumented() -> tuple[Any, InMemorySpanExporter]:
+    """``instrument()`` (no exporter) with an in-memory exporter on its tracer provider."""
     handle = otelgpu.instrument(exporters="none", frameworks="none")
     runtime = handle.runtime
     assert runtime is not None and runtime.pipeline is not None
     exporter = InMemorySpanExporter()
     runtime.pipeline.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[attr-defined]
     time.sleep(0.3)
+    return handle, exporter
+
+
+def test_pipeline_encoder_matches_sdk_on_otelgpu_spans(sim_gpu: Any, span_encoder: Any) -> None:
+    handle, exporter = _instrumented()
     for i in range(5):
         with otelgpu.step(samples=8, tokens=100, attributes={"run": "r"}):
             pass
@@ -326,12 +332,7 @@ def test_native_span_json_equals_the_twin_on_otelgpu_spans(sim_gpu: Any) -> None
     from otelgpu.otel import span_json
 
     assert TWINS is not None
-    handle = otelgpu.instrument(exporters="none", frameworks="none")
-    runtime = handle.runtime
-    assert runtime is not None and runtime.pipeline is not None
-    exporter = InMemorySpanExporter()
-    runtime.pipeline.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))  # type: ignore[attr-defined]
-    time.sleep(0.3)
+    handle, exporter = _instrumented()
     sim_gpu.inject("xid", gpu=1, code=48)
     for i in range(3):
         with otelgpu.step(samples=8, tokens=100, attributes={"run": "r"}):

@@ -618,6 +618,22 @@ cdef int _put_json_flags(Buf *b, object context) except -1:
     return _put_lit(b, "256")
 
 
+cdef int _put_json_nanos(Buf *b, const char *member, object value) except -1:
+    """``,"member":"<value>"`` (a time in ns, as a JSON string) when ``value`` is set."""
+    if value:
+        _put_lit(b, member)
+        _put_quoted_int(b, value)
+    return 0
+
+
+cdef int _put_json_text(Buf *b, const char *member, object value, object escape) except -1:
+    """``,"member":"<value>"`` (an escaped string) when ``value`` is not empty."""
+    if value:
+        _put_lit(b, member)
+        _put_json_str(b, value, escape)
+    return 0
+
+
 def span_text(span):
     """Native twin of ``otelgpu.otel.span_json.span_text``: ``span_dict(span)`` as JSON text,
     character for character."""
@@ -645,20 +661,11 @@ def span_text(span):
             _put_lit(&b, ',"parentSpanId":"')
             _put_text(&b, format(parent.span_id, "016x"))
             _put_lit(&b, '"')
-        name = span.name
-        if name:
-            _put_lit(&b, ',"name":')
-            _put_json_str(&b, name, escape)
+        _put_json_text(&b, ',"name":', span.name, escape)
         _put_lit(&b, ',"kind":')
         _put_text(&b, int.__repr__(span.kind.value + 1))
-        start = span.start_time
-        if start:
-            _put_lit(&b, ',"startTimeUnixNano":')
-            _put_quoted_int(&b, start)
-        end = span.end_time
-        if end:
-            _put_lit(&b, ',"endTimeUnixNano":')
-            _put_quoted_int(&b, end)
+        _put_json_nanos(&b, ',"startTimeUnixNano":', span.start_time)
+        _put_json_nanos(&b, ',"endTimeUnixNano":', span.end_time)
         plain = getattr(getattr(span, "_attributes", None), "_dict", None)
         _put_json_attributes_field(
             &b, plain if type(plain) is dict else span.attributes, span.dropped_attributes, twin
@@ -668,14 +675,8 @@ def span_text(span):
             _put_lit(&b, ',"events":[{' if first else ",{")
             first = False
             mark = b.size
-            timestamp = event.timestamp
-            if timestamp:
-                _put_lit(&b, ',"timeUnixNano":')
-                _put_quoted_int(&b, timestamp)
-            event_name = event.name
-            if event_name:
-                _put_lit(&b, ',"name":')
-                _put_json_str(&b, event_name, escape)
+            _put_json_nanos(&b, ',"timeUnixNano":', event.timestamp)
+            _put_json_text(&b, ',"name":', event.name, escape)
             _put_json_attributes_field(&b, event.attributes, event.dropped_attributes, twin)
             if b.size > mark:  # the object's first member has no leading comma
                 memmove(b.data + mark, b.data + mark + 1, b.size - mark - 1)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from fixtures.function_twins import twin_params, use_twin
 from fixtures.generated_metrics import IntCode, TextSubclass
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext
@@ -18,16 +19,14 @@ from otelgpu import _impl
 from otelgpu.otel import span_attributes
 
 _NATIVE = _impl.native_module("otelgpu.otel._otlp_c")
-PLAIN_VALUES = [pytest.param(span_attributes.py_plain_values, id="py")]
-if _NATIVE is not None:
-    PLAIN_VALUES.append(pytest.param(_NATIVE.plain_values, id="native"))
 
 
-@pytest.fixture(params=PLAIN_VALUES)
+@pytest.fixture(
+    params=twin_params(span_attributes.py_plain_values, "otelgpu.otel._otlp_c", "plain_values")
+)
 def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """``span_attributes`` with one twin of ``plain_values`` in use."""
-    monkeypatch.setattr(span_attributes, "plain_values", request.param)
-    return request.param
+    return use_twin(request, monkeypatch, span_attributes, "plain_values")
 
 
 _START: dict[str, Any] = {

@@ -9,6 +9,7 @@ import types
 from typing import Any
 
 import pytest
+from fixtures.function_twins import twin_params, use_twin
 from fixtures.generated_metrics import CASES, IntCode, TextSubclass, generated_metrics
 from fixtures.otel import metrics_data
 from opentelemetry import trace
@@ -27,16 +28,14 @@ from otelgpu.otel import span_encoding
 
 #: The native attribute encoder, when this run uses the native core.
 TWINS = _impl.native_module("otelgpu.otel._otlp_c")
-SPAN_ENCODERS = [pytest.param(span_encoding.py_encode_span, id="py")]
-if TWINS is not None:
-    SPAN_ENCODERS.append(pytest.param(TWINS.encode_span, id="native"))
 
 
-@pytest.fixture(params=SPAN_ENCODERS)
+@pytest.fixture(
+    params=twin_params(span_encoding.py_encode_span, "otelgpu.otel._otlp_c", "encode_span")
+)
 def span_encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """``span_encoding`` with one twin of ``encode_span`` in use (both where both exist)."""
-    monkeypatch.setattr(span_encoding, "encode_span", request.param)
-    return request.param
+    return use_twin(request, monkeypatch, span_encoding, "encode_span")
 
 
 def _provider(resource: Resource | None = None) -> tuple[TracerProvider, InMemorySpanExporter]:

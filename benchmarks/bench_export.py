@@ -8,7 +8,8 @@ Part 1 -- cost per operation, export included (encoding, sending), in one run:
   GPUs (``healthy-8xh100``, sampler at 10 Hz);
 * exporters: OTLP gRPC and OTLP HTTP to a live receiver in another process, the local
   recording file, and the Prometheus pull endpoint (spans then go nowhere; metrics are
-  scraped once per round);
+  scraped once per round, over HTTP, with Prometheus 3's default ``Accept`` header --
+  OpenMetrics; the plain side serves them with ``prometheus_client.start_http_server``);
 * figure: CPU time of the whole process (every thread: the caller, the span exporter, the
   metric reader) during ``n`` operations and the final flush, minus the process's idle
   CPU rate (GPU sampler, timers) times the elapsed time, divided by ``n``. The receiver
@@ -160,7 +161,10 @@ def _plain_span(exporter: str, ports: tuple[int, int], tmp: str) -> tuple[Callab
     else:  # prometheus: a span and an SDK histogram scraped from the pull endpoint
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import start_http_server
 
+        server, _ = start_http_server(0, addr="127.0.0.1")  # the exporter's documented way
+        tp.scrape_port = server.server_port  # type: ignore[attr-defined]
         mp = MeterProvider(metric_readers=[PrometheusMetricReader()], shutdown_on_exit=False)
         hist = mp.get_meter("bench").create_histogram("bench.step.duration", unit="s")
         tracer = tp.get_tracer("bench")
@@ -183,10 +187,24 @@ def _plain_span(exporter: str, ports: tuple[int, int], tmp: str) -> tuple[Callab
     return op, tp
 
 
-def _scrape_once() -> None:
-    from prometheus_client import REGISTRY, generate_latest
+#: What Prometheus 3 sends by default (its ``scrape_protocols``): OpenMetrics first.
+SCRAPE_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=underscores;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=1.0.0;escaping=underscores;q=0.3,"
+    "text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
 
-    generate_latest(REGISTRY)
+
+def _scrape_once(port: int) -> None:
+    """One scrape of the pull endpoint on ``port``, over HTTP, as Prometheus asks for it."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Accept": SCRAPE_ACCEPT}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        answer.read()
 
 
 def instrumented(
@@ -221,7 +239,7 @@ def worker(
         def flush() -> None:
             tp.force_flush()
             if exporter == "prometheus":
-                _scrape_once()
+                _scrape_once(tp.scrape_port)
     else:
         import otelgpu
 
@@ -230,7 +248,7 @@ def worker(
         def flush() -> None:
             handle.force_flush()
             if exporter == "prometheus":
-                _scrape_once()
+                _scrape_once(handle.runtime.pipeline.prometheus_address[1])
 
         if kind in ("step", "step-all"):
 

@@ -7,9 +7,11 @@ delimited protobuf format (``application/vnd.google.protobuf;
 proto=io.prometheus.client.MetricFamily; encoding=delimited`` with the highest ``q``
 of the types offered, as Prometheus sends it with ``--enable-feature=native-histograms``)
 is answered by :func:`otelgpu.otel.prometheus_protobuf.encode`, which adds the
-sketches' native histograms. Everything else -- the text and OpenMetrics formats,
-``OPTIONS``, other methods, ``/favicon.ico`` -- is ``prometheus_client``'s own app,
-unchanged. Both honour gzip (``Accept-Encoding``) and ``name[]`` (series selection);
+sketches' native histograms. The text and OpenMetrics formats are negotiated as
+``prometheus_client`` does and written by :class:`otelgpu.otel.prometheus_text.TextWriter`
+(the same bytes, each series' label set cached). ``OPTIONS``, other methods and
+``/favicon.ico`` are ``prometheus_client``'s own app, unchanged. Both honour gzip
+(``Accept-Encoding``) and ``name[]`` (series selection);
 the protobuf answer selects the samples so named in every family, histograms and
 summaries whole (``prometheus_client``'s text answer searches only collectors that
 describe their names, which otelgpu's do not).
@@ -27,9 +29,11 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, make_wsgi_app
+from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
 from otelgpu.otel import prometheus_protobuf
+from otelgpu.otel.prometheus_text import TextWriter
 
 _PROTOBUF = "application/vnd.google.protobuf"
 _MESSAGE = "io.prometheus.client.MetricFamily"
@@ -84,16 +88,15 @@ def _gzip_accepted(accept_encoding: str) -> bool:
 
 def make_app(registry: CollectorRegistry = REGISTRY) -> WsgiApp:
     """The endpoint's WSGI app (see the module docstring)."""
-    text_app: WsgiApp = make_wsgi_app(registry)
+    other_app: WsgiApp = make_wsgi_app(registry)
+    writer = TextWriter()
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if (
-            environ.get("REQUEST_METHOD") != "GET"
-            or environ.get("PATH_INFO") == "/favicon.ico"
-            or not wants_protobuf(environ.get("HTTP_ACCEPT") or "")
-        ):
-            return text_app(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "GET" or environ.get("PATH_INFO") == "/favicon.ico":
+            return other_app(environ, start_response)
         params = parse_qs(environ.get("QUERY_STRING", ""))
+        if not wants_protobuf(environ.get("HTTP_ACCEPT") or ""):
+            return _text(writer, registry, environ, params, start_response)
         output = prometheus_protobuf.encode(registry, params.get("name[]"))
         headers = [("Content-Type", prometheus_protobuf.CONTENT_TYPE)]
         if _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
@@ -103,6 +106,27 @@ def make_app(registry: CollectorRegistry = REGISTRY) -> WsgiApp:
         return [output]
 
     return app
+
+
+def _text(
+    writer: TextWriter,
+    registry: CollectorRegistry,
+    environ: dict[str, Any],
+    params: dict[str, list[str]],
+    start_response: StartResponse,
+) -> Iterable[bytes]:
+    """A text or OpenMetrics answer, as ``prometheus_client``'s app gives it."""
+    encoder, content_type = writer.encoder(environ.get("HTTP_ACCEPT"))
+    selected: Any = registry
+    if "name[]" in params:
+        selected = registry.restricted_registry(params["name[]"])
+    output = encoder(selected)
+    headers = [("Content-Type", content_type)]
+    if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
+        output = gzip.compress(output)
+        headers.append(("Content-Encoding", "gzip"))
+    start_response("200 OK", headers)
+    return [output]
 
 
 class _Server(ThreadingMixIn, WSGIServer):

@@ -1,0 +1,282 @@
+"""The pull endpoint's text and OpenMetrics writer (``otelgpu.otel.prometheus_text``):
+byte for byte what ``prometheus_client`` writes, checked against its own writers.
+
+Compared on a registry of every family type with awkward names, labels, documentation,
+timestamps and exemplars, in every name escaping; on the real families of an
+``instrument()`` with 8 simulated GPUs; and over HTTP (negotiation as
+``prometheus_client`` does it, ``name[]``, gzip). Also: a writer that disagrees with the
+installed ``prometheus_client`` is caught on the first scrape and not used again, and the
+prefix cache stays bounded.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import logging
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fixtures.pull import instrument_pull_only, tiny_request
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    StateSetMetricFamily,
+    SummaryMetricFamily,
+    UnknownMetricFamily,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics import exposition as om
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import floatToGoString
+
+import otelgpu
+from otelgpu import sim
+from otelgpu.otel.prometheus_text import TextWriter
+from otelgpu.runtime.records import StepRecord
+
+ESCAPINGS = ("underscores", "allow-utf-8", "dots", "values")
+
+#: Prometheus 3's default Accept header (scrape_protocols): OpenMetrics first.
+PROMETHEUS_3_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=underscores;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=1.0.0;escaping=underscores;q=0.3,"
+    "text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+
+
+class _Static:
+    """A collector of fixed families."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Any]:
+        return self._families
+
+
+def awkward_families() -> list[Any]:
+    """Every family type; names and labels that need escaping; odd values."""
+    odd = 'back\\slash "quoted" new\nline ünïcode'
+    counter = CounterMetricFamily(
+        "jobs.done", "Jobs done.\nSecond line \\ with backslash", labels=["k.dot", "kind"]
+    )
+    counter.add_metric(["a", odd], 3.0, created=1700000000.25)
+    counter.add_metric(["b", ""], 1e21, timestamp=1700000001.5)
+    counter.add_sample(
+        "jobs.done_total",
+        {"k.dot": "c", "kind": "x"},
+        7,
+        exemplar=Exemplar({"trace_id": "abc"}, 0.5, 1700000002.0),
+    )
+    gauge = GaugeMetricFamily("temp_celsius", "Temperature", labels=["gpu", "1bad"], unit="celsius")
+    for i, value in enumerate(
+        [0.0, -0.0, 1.5, float("inf"), float("-inf"), float("nan"), 1234567.0, 1e-7]
+    ):
+        gauge.add_metric([str(i), odd], value)
+    histogram = HistogramMetricFamily("lat_seconds", "Latency", labels=["route"], unit="seconds")
+    histogram.add_metric(["/x"], [("0.1", 1), ("1.0", 4), ("+Inf", 5)], 2.5)
+    summary = SummaryMetricFamily("size", "Sizes", count_value=3, sum_value=9.0, labels=None)
+    info = InfoMetricFamily("build", "Build", value={"version": "1.2", "commit": 'a"b'})
+    stateset = StateSetMetricFamily("mode", "Mode", value={"train": True, "eval": False})
+    gaugehistogram = GaugeHistogramMetricFamily(
+        "queue", "Queue", buckets=[("1.0", 2), ("+Inf", 3)], gsum_value=4.0
+    )
+    unknown = UnknownMetricFamily("mystery:thing", "Unknown", value=42)
+    empty = GaugeMetricFamily("no_samples", "")
+    return [counter, gauge, histogram, summary, info, stateset, gaugehistogram, unknown, empty]
+
+
+def _registry(families: list[Any]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Static(families))  # type: ignore[arg-type]
+    return registry
+
+
+@pytest.mark.parametrize("escaping", ESCAPINGS)
+def test_metrics_text_writer_equals_prometheus_client_on_every_family_type(escaping: str) -> None:
+    families = awkward_families()
+    registry = _registry(families)
+    writer = TextWriter()
+    for _ in range(2):  # the second time from the prefix cache
+        assert writer.write(families, "text", escaping) == generate_latest(
+            registry, escaping=escaping
+        )
+        assert writer.write(families, "openmetrics", escaping) == om.generate_latest(
+            registry, escaping=escaping
+        )
+
+
+@pytest.fixture
+def gpu_families() -> Iterator[list[Any]]:
+    """The families of a real endpoint with 8 simulated GPUs, steps and requests."""
+    from prometheus_client import REGISTRY
+
+    sim.activate("healthy-8xh100", clock="wall")
+    handle = otelgpu.instrument(
+        exporters="prometheus",
+        prometheus_port=0,
+        frameworks="none",
+        metric_export_interval_ms=600_000,
+    )
+    try:
+        time.sleep(0.3)
+        for _ in range(50):
+            with otelgpu.step(samples=32):
+                pass
+            with otelgpu.request(model="m") as r:
+                r.first_token()
+                r.tokens(8)
+        yield list(REGISTRY.collect())
+    finally:
+        handle.shutdown()
+        sim.deactivate()
+
+
+def test_metrics_text_writer_equals_prometheus_client_on_otelgpu_families(
+    gpu_families: list[Any],
+) -> None:
+    registry = _registry(gpu_families)
+    writer = TextWriter()
+    text = writer.write(gpu_families)
+    assert text == generate_latest(registry)
+    assert text.count(b'hw_id="GPU-') >= 8  # the per-GPU series are in there
+    assert writer.write(gpu_families, "openmetrics") == om.generate_latest(registry)
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        None,
+        "text/plain",
+        "text/plain;version=0.0.4",
+        "text/plain;version=1.0.0;escaping=allow-utf-8",
+        "application/openmetrics-text",
+        "application/openmetrics-text;version=1.0.0;escaping=dots",
+        PROMETHEUS_3_ACCEPT,
+    ],
+)
+def test_metrics_text_writer_negotiates_as_prometheus_client(accept: str | None) -> None:
+    families = awkward_families()
+    registry = _registry(families)
+    encoder, content_type = TextWriter().encoder(accept)
+    their_encoder, their_type = choose_encoder(accept or "")
+    assert content_type == their_type
+    assert encoder(registry) == their_encoder(registry)
+
+
+def test_metrics_text_writer_leaves_openmetrics_2_to_prometheus_client() -> None:
+    encoder, content_type = TextWriter().encoder("application/openmetrics-text;version=2.0.0")
+    their_encoder, their_type = choose_encoder("application/openmetrics-text;version=2.0.0")
+    assert content_type == their_type
+    assert isinstance(encoder, functools.partial) and isinstance(their_encoder, functools.partial)
+    assert encoder.func is their_encoder.func is om.generate_latest
+    assert encoder.keywords == their_encoder.keywords
+
+
+class _Disagreeing(TextWriter):
+    """A writer whose label sets are wrong: what another prometheus_client version might
+    make of ours."""
+
+    @staticmethod
+    def _build_prefix(kind: str, escaping: str, name: str, labels: dict[str, str]) -> str:
+        return name + "{wrong}"
+
+
+def test_metrics_text_writer_that_differs_is_caught_on_first_scrape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = _registry(awkward_families())
+    writer = _Disagreeing()
+    encoder, _ = writer.encoder("text/plain")
+    with caplog.at_level(logging.WARNING, logger="otelgpu"):
+        first = encoder(registry)
+        second = encoder(registry)
+    assert first == second == generate_latest(registry)
+    assert sum("differs from prometheus_client" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_metrics_text_writer_cache_is_bounded() -> None:
+    writer = TextWriter(max_prefixes=100)
+    for round_ in range(20):
+        family = GaugeMetricFamily("g", "", labels=["id"])
+        for i in range(50):
+            family.add_metric([f"{round_}-{i}"], float(i))
+        out = writer.write([family])
+        assert out == generate_latest(_registry([family]))
+        assert len(writer._prefixes) <= 150  # cleared once over 100, then refilled
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, accept: str, gzip_ok: bool = False) -> tuple[str, bytes]:
+    headers = {"Accept": accept}
+    if gzip_ok:
+        headers["Accept-Encoding"] = "gzip"
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        body = r.read()
+        if r.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return r.headers.get("Content-Type", ""), body
+
+
+def test_metrics_text_endpoint_over_http() -> None:
+    port = _free_port()
+    handle = instrument_pull_only(port)
+    try:
+        runtime = handle.runtime
+        assert runtime is not None
+        t0 = time.time_ns()
+        for i in range(20):
+            runtime.record_request(tiny_request(t0, 0.1 * (i + 1), i % 5 == 0))
+            runtime.record_step(StepRecord(t0, t0 + 10_000_000 * (i + 1)))
+        url = f"http://127.0.0.1:{port}/metrics"
+        content_type, body = _get(url, PROMETHEUS_3_ACCEPT, gzip_ok=True)
+        assert content_type == choose_encoder(PROMETHEUS_3_ACCEPT)[1]
+        assert body.endswith(b"# EOF\n")
+        families = {f.name: f for f in om_parse(body.decode())}
+        count = families["gen_ai_server_request_duration_seconds"]
+        total = sum(s.value for s in count.samples if s.name.endswith("_count"))
+        assert total == 20
+        content_type, body = _get(url, "text/plain;version=0.0.4")
+        assert content_type.startswith("text/plain; version=0.0.4")
+        names = {f.name for f in text_string_to_metric_families(body.decode())}
+        assert "gen_ai_server_request_duration_seconds" in names
+        # name[] selects series as prometheus_client's answer does
+        _, selected = _get(url + "?name[]=process_cpu_seconds_total", "text/plain")
+        assert [f.name for f in text_string_to_metric_families(selected.decode())] == [
+            "process_cpu_seconds"
+        ]
+    finally:
+        otelgpu.shutdown()
+
+
+def om_parse(text: str) -> list[Any]:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse
+
+    return list(parse(text))
+
+
+def test_metrics_text_float_formatting_is_prometheus_clients() -> None:
+    # The values go through prometheus_client's own formatting: spot-check the cases
+    # where Go and Python differ.
+    family = GaugeMetricFamily("v", "", labels=["i"])
+    values = [1e6, 1234567.0, 12345678.9, 0.1, 1e-9, 5e-324]
+    for i, v in enumerate(values):
+        family.add_metric([str(i)], v)
+    lines = TextWriter().write([family]).decode().splitlines()[2:]
+    assert [line.split(" ")[1] for line in lines] == [floatToGoString(v) for v in values]

@@ -335,13 +335,144 @@ cdef int _put_fixed64_field(Buf *b, uint8_t tag, uint64_t v) except -1:
 
 cdef int _put_flags(Buf *b, bytes tag, object context) except -1:
     """SpanFlags (fixed32): HAS_IS_REMOTE, plus IS_REMOTE for a remote ``context``."""
-    cdef uint64_t flags = 0x300 if context is not None and context.is_remote else 0x100
+    cdef uint64_t flags = 0x300 if context is not None and _is_remote(context) else 0x100
     cdef int k
     _reserve(b, PyBytes_GET_SIZE(tag) + 4)
     _raw(b, PyBytes_AS_STRING(tag), PyBytes_GET_SIZE(tag))
     for k in range(4):
         _byte(b, <uint8_t>((flags >> (8 * k)) & 0xFF))
     return 0
+
+
+# ------------------------------------------------------------------ span fields
+# The SDK's ReadableSpan exposes its fields through Python properties (``span.name`` is
+# ``return self._name``): ~1,000 instructions a read, about twenty reads a span. For a span
+# whose class uses the SDK's own properties unchanged, the fields are read from the
+# instance dict instead -- the same objects the properties return. Checked once per class.
+
+_SPAN_PROPERTIES = (
+    "name", "kind", "parent", "start_time", "end_time", "status", "attributes", "events",
+    "links", "dropped_attributes", "dropped_events", "dropped_links", "context",
+)
+
+# SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid)
+# whose fields are properties; enum members' ``.value`` is a Python-level descriptor. Both are
+# read directly for the API's own classes (the same objects), the properties otherwise.
+cdef object _SpanContextType = None
+cdef object _StatusType = None
+cdef dict _ENUM_VALUES = {}
+
+
+cdef int _init_api_types() except -1:
+    global _SpanContextType, _StatusType
+    if _SpanContextType is None:
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
+        for member in (*SpanKind, *StatusCode):
+            _ENUM_VALUES[id(member)] = member.value
+        _StatusType = Status
+        _SpanContextType = SpanContext
+    return 0
+
+
+cdef inline object _trace_id(object ctx):
+    return ctx[0] if type(ctx) is _SpanContextType else ctx.trace_id
+
+
+cdef inline object _span_id(object ctx):
+    return ctx[1] if type(ctx) is _SpanContextType else ctx.span_id
+
+
+cdef inline object _is_remote(object ctx):
+    return ctx[2] if type(ctx) is _SpanContextType else ctx.is_remote
+
+
+cdef inline object _trace_state(object ctx):
+    return ctx[4] if type(ctx) is _SpanContextType else ctx.trace_state
+
+
+cdef inline object _enum_value(object member):
+    value = _ENUM_VALUES.get(id(member))
+    return member.value if value is None else value
+
+
+cdef inline tuple _status_fields(object status):
+    """(description, code value) of a Status."""
+    if type(status) is _StatusType:
+        return status._description, _enum_value(status._status_code)
+    return status.description, _enum_value(status.status_code)
+
+cdef dict _direct_layout = {}
+cdef object _BoundedAttributes = None
+cdef object _BoundedList = None
+
+
+cdef bint _sdk_layout(object cls):
+    """Whether ``cls`` is an SDK ReadableSpan whose field properties are the SDK's own."""
+    global _BoundedAttributes, _BoundedList
+    known = _direct_layout.get(cls)
+    if known is not None:
+        return known
+    ok = False
+    try:
+        from opentelemetry.attributes import BoundedAttributes
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.trace import Span as SdkSpan
+        from opentelemetry.sdk.util import BoundedList
+
+        _BoundedAttributes, _BoundedList = BoundedAttributes, BoundedList
+        ok = (
+            issubclass(cls, ReadableSpan)
+            and all(getattr(cls, n) is getattr(ReadableSpan, n) for n in _SPAN_PROPERTIES)
+            and any(
+                getattr(cls, "get_span_context") is f
+                for f in (ReadableSpan.get_span_context, SdkSpan.get_span_context)
+            )
+        )
+    except Exception:  # another SDK layout: the properties are read
+        ok = False
+    if len(_direct_layout) < 64:
+        _direct_layout[cls] = ok
+    return ok
+
+
+cdef tuple _span_fields(object span):
+    """(context, parent, name, kind, start, end, attributes, dropped attributes, events,
+    dropped events, links, dropped links, status) of ``span``, as its properties give them
+    (attributes: the plain dict where there is one)."""
+    if _sdk_layout(type(span)):
+        d = span.__dict__
+        attributes = d["_attributes"]
+        dropped_attributes = 0
+        if isinstance(attributes, _BoundedAttributes):
+            dropped_attributes = attributes.dropped
+            plain = attributes._dict
+            if type(plain) is dict:
+                attributes = plain
+        elif not attributes:
+            attributes = {}
+        events = d["_events"]
+        dropped_events = 0
+        if isinstance(events, _BoundedList):
+            dropped_events = events.dropped
+            events = events._dq
+        links = d["_links"]
+        dropped_links = 0
+        if isinstance(links, _BoundedList):
+            dropped_links = links.dropped
+            links = links._dq
+        return (
+            d["_context"], d["_parent"], d["_name"], d["_kind"], d["_start_time"],
+            d["_end_time"], attributes, dropped_attributes, events, dropped_events, links,
+            dropped_links, d["_status"],
+        )
+    plain = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return (
+        span.get_span_context(), span.parent, span.name, span.kind, span.start_time,
+        span.end_time, plain if type(plain) is dict else span.attributes,
+        span.dropped_attributes, span.events, span.dropped_events, span.links,
+        span.dropped_links, span.status,
+    )
 
 
 def encode_span(span):
@@ -352,34 +483,30 @@ def encode_span(span):
     b.data = inner.data = NULL
     b.size = inner.size = 0
     b.cap = inner.cap = 0
+    _init_api_types()
     try:
-        ctx = span.get_span_context()
-        _put_id(&b, 0x0A, ctx.trace_id, 16)
-        _put_id(&b, 0x12, ctx.span_id, 8)
-        state = ctx.trace_state
+        (ctx, parent, name, kind, start, end, attributes, dropped, events, dropped_events,
+         links, dropped_links, status) = _span_fields(span)
+        _put_id(&b, 0x0A, _trace_id(ctx), 16)
+        _put_id(&b, 0x12, _span_id(ctx), 8)
+        state = _trace_state(ctx)
         if state:
             _put_bytes(&b, 0x1A, ",".join([f"{k}={v}" for k, v in state.items()]).encode())
-        parent = span.parent
         if parent:
-            _put_id(&b, 0x22, parent.span_id, 8)
-        name = span.name
+            _put_id(&b, 0x22, _span_id(parent), 8)
         if name:
             _put_bytes(&b, 0x2A, name.encode("utf-8"))
-        _put_varint_field(&b, 0x30, span.kind.value + 1)
-        start = span.start_time
+        _put_varint_field(&b, 0x30, _enum_value(kind) + 1)
         if start:
             _put_fixed64_field(&b, 0x39, start)
-        end = span.end_time
         if end:
             _put_fixed64_field(&b, 0x41, end)
         # The SDK's ReadableSpan.attributes is a read-only proxy; its BoundedAttributes'
-        # plain dict holds the same items in order.
-        plain = getattr(getattr(span, "_attributes", None), "_dict", None)
-        _put_attributes(&b, 0x4A, plain if type(plain) is dict else span.attributes)
-        dropped = span.dropped_attributes
+        # plain dict (what _span_fields gives) holds the same items in order.
+        _put_attributes(&b, 0x4A, attributes)
         if dropped:
             _put_varint_field(&b, 0x50, dropped)
-        for event in span.events:
+        for event in events:
             inner.size = 0
             timestamp = event.timestamp
             if timestamp:
@@ -391,27 +518,25 @@ def encode_span(span):
             if event.dropped_attributes:
                 _put_varint_field(&inner, 0x20, event.dropped_attributes)
             _put_payload(&b, 0x5A, inner.data, inner.size)
-        if span.dropped_events:
-            _put_varint_field(&b, 0x60, span.dropped_events)
-        for link in span.links:
+        if dropped_events:
+            _put_varint_field(&b, 0x60, dropped_events)
+        for link in links:
             inner.size = 0
             link_ctx = link.context
-            _put_id(&inner, 0x0A, link_ctx.trace_id, 16)
-            _put_id(&inner, 0x12, link_ctx.span_id, 8)
+            _put_id(&inner, 0x0A, _trace_id(link_ctx), 16)
+            _put_id(&inner, 0x12, _span_id(link_ctx), 8)
             _put_attributes(&inner, 0x22, link.attributes)
             if link.dropped_attributes:
                 _put_varint_field(&inner, 0x28, link.dropped_attributes)
             _put_flags(&inner, b"\x35", link_ctx)
             _put_payload(&b, 0x6A, inner.data, inner.size)
-        if span.dropped_links:
-            _put_varint_field(&b, 0x70, span.dropped_links)
-        status = span.status
+        if dropped_links:
+            _put_varint_field(&b, 0x70, dropped_links)
         if status is not None:
             inner.size = 0
-            description = status.description
+            description, code = _status_fields(status)
             if description:
                 _put_bytes(&inner, 0x12, description.encode("utf-8"))
-            code = status.status_code.value
             if code:
                 _put_varint_field(&inner, 0x18, code)
             _put_payload(&b, 0x7A, inner.data, inner.size)
@@ -613,7 +738,7 @@ cdef int _put_json_attributes_field(Buf *b, object attributes, object dropped,
 
 
 cdef int _put_json_flags(Buf *b, object context) except -1:
-    if context is not None and context.is_remote:
+    if context is not None and _is_remote(context):
         return _put_lit(b, "768")
     return _put_lit(b, "256")
 
@@ -645,33 +770,31 @@ def span_text(span):
     b.data = NULL
     b.size = 0
     b.cap = 0
+    _init_api_types()
     try:
-        ctx = span.get_span_context()
+        (ctx, parent, name, kind, start, end, attributes, dropped, events, dropped_events,
+         links, dropped_links, status) = _span_fields(span)
         _put_lit(&b, '{"traceId":"')
-        _put_text(&b, format(ctx.trace_id, "032x"))
+        _put_text(&b, format(_trace_id(ctx), "032x"))
         _put_lit(&b, '","spanId":"')
-        _put_text(&b, format(ctx.span_id, "016x"))
+        _put_text(&b, format(_span_id(ctx), "016x"))
         _put_lit(&b, '"')
-        state = ctx.trace_state
+        state = _trace_state(ctx)
         if state:
             _put_lit(&b, ',"traceState":')
             _put_json_str(&b, ",".join([f"{k}={v}" for k, v in state.items()]), escape)
-        parent = span.parent
         if parent:
             _put_lit(&b, ',"parentSpanId":"')
-            _put_text(&b, format(parent.span_id, "016x"))
+            _put_text(&b, format(_span_id(parent), "016x"))
             _put_lit(&b, '"')
-        _put_json_text(&b, ',"name":', span.name, escape)
+        _put_json_text(&b, ',"name":', name, escape)
         _put_lit(&b, ',"kind":')
-        _put_text(&b, int.__repr__(span.kind.value + 1))
-        _put_json_nanos(&b, ',"startTimeUnixNano":', span.start_time)
-        _put_json_nanos(&b, ',"endTimeUnixNano":', span.end_time)
-        plain = getattr(getattr(span, "_attributes", None), "_dict", None)
-        _put_json_attributes_field(
-            &b, plain if type(plain) is dict else span.attributes, span.dropped_attributes, twin
-        )
+        _put_text(&b, int.__repr__(_enum_value(kind) + 1))
+        _put_json_nanos(&b, ',"startTimeUnixNano":', start)
+        _put_json_nanos(&b, ',"endTimeUnixNano":', end)
+        _put_json_attributes_field(&b, attributes, dropped, twin)
         first = True
-        for event in span.events:
+        for event in events:
             _put_lit(&b, ',"events":[{' if first else ",{")
             first = False
             mark = b.size
@@ -684,18 +807,18 @@ def span_text(span):
             _put_lit(&b, "}")
         if not first:
             _put_lit(&b, "]")
-        if span.dropped_events:
+        if dropped_events:
             _put_lit(&b, ',"droppedEventsCount":')
-            _put_text(&b, int.__repr__(span.dropped_events))
+            _put_text(&b, int.__repr__(dropped_events))
         first = True
-        for link in span.links:
+        for link in links:
             _put_lit(&b, ',"links":[' if first else ",")
             first = False
             link_ctx = link.context
             _put_lit(&b, '{"traceId":"')
-            _put_text(&b, format(link_ctx.trace_id, "032x"))
+            _put_text(&b, format(_trace_id(link_ctx), "032x"))
             _put_lit(&b, '","spanId":"')
-            _put_text(&b, format(link_ctx.span_id, "016x"))
+            _put_text(&b, format(_span_id(link_ctx), "016x"))
             _put_lit(&b, '"')
             _put_json_attributes_field(&b, link.attributes, link.dropped_attributes, twin)
             _put_lit(&b, ',"flags":')
@@ -703,14 +826,12 @@ def span_text(span):
             _put_lit(&b, "}")
         if not first:
             _put_lit(&b, "]")
-        if span.dropped_links:
+        if dropped_links:
             _put_lit(&b, ',"droppedLinksCount":')
-            _put_text(&b, int.__repr__(span.dropped_links))
-        status = span.status
+            _put_text(&b, int.__repr__(dropped_links))
         if status is not None:
             _put_lit(&b, ',"status":{')
-            description = status.description
-            code = status.status_code.value
+            description, code = _status_fields(status)
             if description:
                 _put_lit(&b, '"message":')
                 _put_json_str(&b, description, escape)

@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -344,3 +344,61 @@ def test_native_span_json_equals_the_twin_on_otelgpu_spans(sim_gpu: Any) -> None
     for span in spans:
         assert TWINS.span_text(span) == span_json.py_span_text(span), span.name
     handle.shutdown()
+
+
+class _RenamedSpan(ReadableSpan):
+    """A ReadableSpan whose properties say something else than its fields: the encoders
+    must follow the properties (the native one reads fields only for the SDK's own)."""
+
+    @property
+    def name(self) -> str:
+        return "renamed"
+
+    @property
+    def attributes(self) -> Any:
+        return {"from.property": 1}
+
+
+def _odd_spans() -> list[Any]:
+    """Spans whose fields are not what a default SDK span holds: a subclass overriding
+    properties, a ReadableSpan built directly (plain dict attributes, tuple events), and a
+    span whose limits dropped attributes, events and links."""
+    limits = SpanLimits(max_span_attributes=2, max_events=1, max_links=1)
+    tp = TracerProvider(span_limits=limits, resource=Resource.create({"service.name": "odd"}))
+    exporter = InMemorySpanExporter()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    remote = SpanContext(0xA1, 0xB2, is_remote=True, trace_flags=TraceFlags(1))
+    links = [Link(remote, {"n": i}) for i in range(3)]
+    with tp.get_tracer("t").start_as_current_span("limited", links=links) as span:
+        span.set_attributes({"a": 1, "b": 2, "c": 3})
+        for i in range(3):
+            span.add_event(f"e{i}", {"i": i})
+    limited = exporter.get_finished_spans()[0]
+    context = SpanContext(0xC3, 0xD4, is_remote=False, trace_flags=TraceFlags(1))
+    fields: dict[str, Any] = {
+        "name": "direct",
+        "context": context,
+        "parent": remote,
+        "resource": limited.resource,
+        "attributes": {"x": "y", "n": 2},
+        "events": (Event("ev", {"k": 1}, timestamp=5),),
+        "links": (Link(remote),),
+        "kind": SpanKind.SERVER,
+        "status": Status(StatusCode.ERROR, "bad"),
+        "start_time": 10,
+        "end_time": 20,
+        "instrumentation_scope": limited.instrumentation_scope,
+    }
+    return [limited, ReadableSpan(**fields), _RenamedSpan(**fields)]
+
+
+def test_pipeline_encoder_follows_properties_and_limits(span_encoder: Any) -> None:
+    spans = _odd_spans()
+    limited = spans[0]
+    assert (limited.dropped_attributes, limited.dropped_events, limited.dropped_links) == (1, 2, 2)
+    _same(spans)
+    assert b"renamed" in span_encoding.encode_span(spans[2])
+
+
+def test_pipeline_recording_json_follows_properties_and_limits() -> None:
+    _same_json(_odd_spans())

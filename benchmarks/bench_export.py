@@ -21,7 +21,9 @@ bare and inside ``otelgpu.step()`` (1 GPU, local recording); a 50 steps/s traini
 (20 ms steps, 1 GPU, OTLP gRPC); 500 requests/s inference (1 ms requests with 1 ms
 between them, 8 GPUs, OTLP gRPC). Per step: the wall time of the step and the longest
 gap the spinning loop saw (what a pause feels like). Reported: p50/p99/p99.9/max and
-the added pause over the bare loop at p99 and max (targets 0.5 ms and 2 ms).
+the added pause over the bare loop at p99 and max (targets 0.5 ms and 2 ms), for otelgpu
+and, as the reference in the same run, for one plain SDK span per step exported by the same
+exporter (what any span costs the host on this machine).
 
 Writes ``benchmarks/results/export.md``. Run: ``python benchmarks/bench_export.py``
 (``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--quick`` for a short run).
@@ -291,6 +293,7 @@ def pause_worker(
     from otelgpu import sim
 
     bare = scenario.startswith("bare")
+    plain = scenario.startswith("plain")
     if scenario.endswith("busy100"):
         busy_s, idle_s, gpus, op_kind = 100e-6, 0.0, 1, "step"
     elif scenario.endswith("train50"):
@@ -298,7 +301,16 @@ def pause_worker(
     else:  # infer500
         busy_s, idle_s, gpus, op_kind = 1e-3, 1e-3, 8, "request"
     handle = None
-    if not bare:
+    plain_op: Callable[[], Any] | None = None
+    if plain:  # the reference: one plain SDK span per step, the same exporter
+        _, tp = _plain_span(exporter, ports, tmp)
+        tracer = tp.get_tracer("bench")
+        attrs = {"gen_ai.request.model": "m", "gen_ai.operation.name": "chat"}
+
+        def plain_op() -> Any:
+            return tracer.start_as_current_span("step", attributes=attrs)
+
+    elif not bare:
         sim.activate("healthy-8xh100", clock="wall")
         handle = otelgpu.instrument(
             gpu=True,
@@ -330,6 +342,9 @@ def pause_worker(
         t0 = clock()
         if bare:
             worst = spin(busy_s)
+        elif plain_op is not None:
+            with plain_op():
+                worst = spin(busy_s)
         elif op_kind == "step":
             with otelgpu.step(samples=32):
                 worst = spin(busy_s)
@@ -490,7 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "## Host pauses",
                 "",
                 "Per step: wall time, and the longest gap the step's own spinning loop saw "
-                "(µs). Added = otelgpu minus the bare loop at the same percentile.",
+                "(µs). Added = otelgpu (or the plain OTel span, one SDK span per step exported "
+                "by the same exporter: the reference) minus the bare loop at the same "
+                "percentile.",
                 "",
                 "| scenario | exporter | steps | wall p50 | wall p99 | wall p99.9 | wall max "
                 "| gap p99 | gap max | added p99 | added max | lost | step spans sampled out |",
@@ -505,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for scenario, exporter, steps in scenarios:
                 # Interleaved repeats, the run with the lowest p99 kept for each side: other
                 # processes on a shared machine only ever add pauses, to both sides alike.
-                runs: dict[str, list[dict[str, Any]]] = {"bare": [], "otelgpu": []}
+                runs: dict[str, list[dict[str, Any]]] = {"bare": [], "plain": [], "otelgpu": []}
                 for _ in range(1 if scenario == "train50" else args.repeats):
                     for side, done in runs.items():
                         done.append(
@@ -520,13 +537,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 ]
                             )
                         )
-                bare, ours = (
+                bare, reference, ours = (
                     min(runs[side], key=lambda r: _pct(r["walls_us"], 0.99)) for side in runs
                 )
-                for label, data in (("bare", bare), ("otelgpu", ours)):
+                for label, data in (
+                    ("bare", bare),
+                    ("plain OTel span", reference),
+                    ("otelgpu", ours),
+                ):
                     w, g = data["walls_us"], data["gaps_us"]
                     added = ("", "")
-                    if label == "otelgpu":
+                    if label != "bare":
                         bw = bare["walls_us"]
                         added = (
                             f"{_pct(w, 0.99) - _pct(bw, 0.99):.0f}",

@@ -133,8 +133,12 @@ def _exporter_settings(exporter: str, ports: tuple[int, int], tmp: str) -> dict[
     return {"exporters": "prometheus", "prometheus_port": 0}
 
 
-def _plain_span(exporter: str, ports: tuple[int, int], tmp: str) -> tuple[Callable[[], None], Any]:
-    """A plain SDK span with 2 attributes, exported by the SDK's exporter for ``exporter``."""
+def _plain_span(
+    exporter: str, ports: tuple[int, int], tmp: str, max_queue_size: int = 2048
+) -> tuple[Callable[[], None], Any]:
+    """A plain SDK span with 2 attributes, exported by the SDK's exporter for ``exporter``
+    (``BatchSpanProcessor`` with the SDK's defaults; ``max_queue_size``: its queue, the
+    SDK's default 2048, which a run under valgrind outgrows)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -144,7 +148,8 @@ def _plain_span(exporter: str, ports: tuple[int, int], tmp: str) -> tuple[Callab
 
         tp.add_span_processor(
             BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=f"http://127.0.0.1:{ports[0]}", insecure=True)
+                OTLPSpanExporter(endpoint=f"http://127.0.0.1:{ports[0]}", insecure=True),
+                max_queue_size=max_queue_size,
             )
         )
     elif exporter == "otlp-http":
@@ -153,13 +158,18 @@ def _plain_span(exporter: str, ports: tuple[int, int], tmp: str) -> tuple[Callab
         )
 
         tp.add_span_processor(
-            BatchSpanProcessor(HttpExporter(endpoint=f"http://127.0.0.1:{ports[1]}/v1/traces"))
+            BatchSpanProcessor(
+                HttpExporter(endpoint=f"http://127.0.0.1:{ports[1]}/v1/traces"),
+                max_queue_size=max_queue_size,
+            )
         )
     elif exporter == "recording":
         from otelgpu.otel.recording import RecordingFile, RecordingSpanExporter
 
         rec = RecordingFile(Path(tmp) / "plain.jsonl", max_bytes=1 << 30, backups=0)
-        tp.add_span_processor(BatchSpanProcessor(RecordingSpanExporter(rec)))
+        tp.add_span_processor(
+            BatchSpanProcessor(RecordingSpanExporter(rec), max_queue_size=max_queue_size)
+        )
     else:  # prometheus: a span and an SDK histogram scraped from the pull endpoint
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from opentelemetry.sdk.metrics import MeterProvider
@@ -236,7 +246,8 @@ def worker(
     """One configuration in this (fresh) process; returns µs per operation."""
     flush: Callable[[], None]
     if kind == "plain":
-        op, tp = _plain_span(exporter, ports, tmp)
+        # A queue for every span: a plain row that dropped spans would look cheaper.
+        op, tp = _plain_span(exporter, ports, tmp, max_queue_size=2 * (n + 200))
 
         def flush() -> None:
             tp.force_flush()

@@ -13,7 +13,10 @@ no-op operations measures what switching the counting on and off costs; it is su
 Rows: a plain OpenTelemetry SDK span with two attributes (BatchSpanProcessor, the SDK's
 OTLP gRPC exporter: the reference), ``otelgpu.request()`` with 0, 1 and 8 simulated GPUs,
 and ``otelgpu.step()`` with every step span exported, 1 and 8 GPUs; all over OTLP gRPC to
-a live receiver in another process (not counted).
+a live receiver in another process (not counted). The plain span's queue holds every span:
+under valgrind the SDK's export thread falls behind, and its default queue (2,048) dropped a
+third of them -- exports never counted, a plain row too cheap (before 2026-12-04 16:40 UTC).
+A row that loses a span fails.
 
 Writes ``benchmarks/results/instructions.md``. Run: ``python benchmarks/bench_instructions.py
 [-n 3000]`` (needs valgrind; about a minute per row).
@@ -66,6 +69,7 @@ def child(kind: str, gpus: int, n: int, port: int) -> None:
     """Runs under callgrind with counting off; counts ``n`` operations and the flush."""
     ports = (port, 0)
     flush: Callable[[], Any]
+    exported = [0]  # spans the plain row's exporter was given
     if kind == "noop":
 
         def op() -> None:
@@ -75,8 +79,22 @@ def child(kind: str, gpus: int, n: int, port: int) -> None:
             return None
 
     elif kind == "plain":
-        op, tp = bench_export._plain_span("otlp-grpc", ports, "")
-        flush = tp.force_flush
+        # A queue for every span: under valgrind the SDK's export thread falls behind and
+        # its default queue (2048) would drop spans -- uncounted exports, a cheaper plain row.
+        op, tp = bench_export._plain_span("otlp-grpc", ports, "", max_queue_size=2 * (n + WARMUP))
+        processor = tp._active_span_processor._span_processors[0]
+        exporter = getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
+        exporter = exporter or processor.span_exporter
+        export = exporter.export
+
+        def counting_export(spans: Any) -> Any:
+            exported[0] += len(spans)
+            return export(spans)
+
+        exporter.export = counting_export
+
+        def flush() -> None:
+            tp.force_flush()
     else:
         import otelgpu
         from otelgpu import _runtime
@@ -112,7 +130,25 @@ def child(kind: str, gpus: int, n: int, port: int) -> None:
         op()
     flush()
     _callgrind("off")
+    lost = _lost(kind, n, exported[0])
+    if lost:
+        print(f"{kind}: {lost}", file=sys.stderr)
+        os._exit(3)
     os._exit(0)
+
+
+def _lost(kind: str, n: int, exported: int) -> str:
+    """What a row lost (a row that drops spans would count less than it should)."""
+    if kind == "plain":
+        expected = n + WARMUP
+        return "" if exported == expected else f"{exported} of {expected} spans exported"
+    from otelgpu import _runtime
+
+    runtime = _runtime.current()
+    if runtime is None:
+        return ""
+    dropped = {k: v for k, v in runtime.stats.dropped().items() if k[1] != "tail_sampled" and v}
+    return f"dropped {dropped}" if dropped else ""
 
 
 def count(kind: str, gpus: int, n: int, port: int, tmp: str) -> float:

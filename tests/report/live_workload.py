@@ -2,7 +2,11 @@
 for instrumentation: ``otelgpu run`` turns it on; ``otelgpu.step``/``request`` mark the work).
 
 Usage: python live_workload.py SECONDS [STEP_MS]. Steps of exactly STEP_MS (default 20) ms
-with 32 samples; a request every 50 ms; a thermal throttle injected on GPU 1 after 1 s.
+with 32 samples; a request every 50 ms; a thermal throttle injected on GPU 1 after 1 s, at
+the start of one longer step (300 ms): the 10 Hz sampler sees the event while that step
+runs, so the event is on its span however late a loaded machine runs the sampler (injected
+between two short steps, it could fall after the step that held it had ended: counted, on
+no span).
 Prints "workload step N" every 25 steps and "workload done" at the end.
 """
 
@@ -28,12 +32,13 @@ injected = False
 n = 0
 start = time.monotonic()
 while time.monotonic() < stop:
+    inject = not injected and time.monotonic() - start > 1.0
     with otelgpu.step(samples=32, tokens=32 * 128):
-        time.sleep(step_s)
+        if inject:
+            throttle(1)
+            injected = True
+        time.sleep(0.3 if inject else step_s)
     n += 1
     if n % 25 == 0:
         print(f"workload step {n}", flush=True)
-    if not injected and time.monotonic() - start > 1.0:
-        throttle(1)
-        injected = True
 print("workload done", flush=True)

@@ -436,6 +436,13 @@ cdef bint _sdk_layout(object cls):
     return ok
 
 
+cdef inline tuple _bounded(object items):
+    """(items, dropped) of an SDK BoundedList -- its deque, uncopied -- or (items, 0)."""
+    if isinstance(items, _BoundedList):
+        return items._dq, items.dropped
+    return items, 0
+
+
 cdef tuple _span_fields(object span):
     """(context, parent, name, kind, start, end, attributes, dropped attributes, events,
     dropped events, links, dropped links, status) of ``span``, as its properties give them
@@ -451,16 +458,8 @@ cdef tuple _span_fields(object span):
                 attributes = plain
         elif not attributes:
             attributes = {}
-        events = d["_events"]
-        dropped_events = 0
-        if isinstance(events, _BoundedList):
-            dropped_events = events.dropped
-            events = events._dq
-        links = d["_links"]
-        dropped_links = 0
-        if isinstance(links, _BoundedList):
-            dropped_links = links.dropped
-            links = links._dq
+        events, dropped_events = _bounded(d["_events"])
+        links, dropped_links = _bounded(d["_links"])
         return (
             d["_context"], d["_parent"], d["_name"], d["_kind"], d["_start_time"],
             d["_end_time"], attributes, dropped_attributes, events, dropped_events, links,

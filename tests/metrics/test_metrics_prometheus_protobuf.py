@@ -13,19 +13,17 @@ every series of the text answer with the same value, plus the native histograms.
 
 from __future__ import annotations
 
-import gzip
 import io
 import math
 import random
 import re
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fixtures.pull import instrument_pull_only, tiny_request
+from fixtures.pull import instrument_pull_only, scrape, tiny_request
 from google.protobuf import (  # type: ignore[import-untyped]  # no protobuf stubs in the test extras
     descriptor_pb2,
     descriptor_pool,
@@ -316,17 +314,6 @@ def endpoint(reset_otel_globals: None) -> Iterator[tuple[str, list[float]]]:
         otelgpu.shutdown()
 
 
-def _get(url: str, accept: str | None, gzip_ok: bool = False) -> tuple[str, bytes]:
-    headers = {"Accept": accept} if accept else {}
-    if gzip_ok:
-        headers["Accept-Encoding"] = "gzip"
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
-        body = r.read()
-        if r.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        return str(r.headers["Content-Type"]), body
-
-
 def _text_series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
     for family in text_string_to_metric_families(text):
@@ -373,9 +360,9 @@ def test_metrics_endpoint_protobuf_equals_text_plus_native(
     endpoint: tuple[str, list[float]],
 ) -> None:
     url, durations = endpoint
-    text_type, text = _get(url, None)
+    text_type, text = scrape(url, None)
     assert text_type.startswith("text/plain")
-    content_type, body = _get(url, PROMETHEUS_ACCEPT, gzip_ok=True)
+    content_type, body = scrape(url, PROMETHEUS_ACCEPT, gzip_ok=True)
     assert content_type == prometheus_protobuf.CONTENT_TYPE
     families = decode(body)
     text_series = _text_series(text.decode())
@@ -423,12 +410,12 @@ def test_metrics_endpoint_text_unchanged_for_other_scrapers(
     from prometheus_client import REGISTRY, generate_latest
 
     url, _ = endpoint
-    _, text = _get(url, "text/plain;version=0.0.4")
+    _, text = scrape(url, "text/plain;version=0.0.4")
     assert b"gen_ai_server_request_duration_seconds_bucket{" in text
     mine = {k for k in _text_series(text.decode()) if not k[0].startswith(("process_", "python_"))}
     ref = _text_series(generate_latest(REGISTRY).decode())
     assert mine == {k for k in ref if not k[0].startswith(("process_", "python_"))}
-    content_type, _ = _get(url, "application/openmetrics-text;version=1.0.0")
+    content_type, _ = scrape(url, "application/openmetrics-text;version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
 
 
@@ -440,14 +427,14 @@ def test_metrics_endpoint_name_selection(endpoint: tuple[str, list[float]]) -> N
     url, durations = endpoint
     hist = "gen_ai_server_request_duration_seconds"
     steps = "otelgpu_train_step_duration_seconds"
-    _, text = _get(url, None)
+    _, text = scrape(url, None)
     reference = _text_series(text.decode())
     for selected, families_expected in (
         ({hist, "otelgpu_train_steps_total"}, [hist, "otelgpu_train_steps_total"]),
         ({steps + "_count"}, [steps]),
     ):
         query = "?" + "&".join(f"name[]={n}" for n in sorted(selected))
-        _, body = _get(url + query, PROMETHEUS_ACCEPT)
+        _, body = scrape(url + query, PROMETHEUS_ACCEPT)
         families = decode(body)
         assert sorted(f.name for f in families) == families_expected
         # the series of the selected families, as the full text answer has them
@@ -459,5 +446,5 @@ def test_metrics_endpoint_name_selection(endpoint: tuple[str, list[float]]) -> N
         for f in families:
             if f.type == 4:
                 assert all(m.histogram.HasField("schema") and m.histogram.bucket for m in f.metric)
-    by_name = {f.name: f for f in decode(_get(url + f"?name[]={hist}", PROMETHEUS_ACCEPT)[1])}
+    by_name = {f.name: f for f in decode(scrape(url + f"?name[]={hist}", PROMETHEUS_ACCEPT)[1])}
     assert sum(m.histogram.sample_count for m in by_name[hist].metric) == len(durations)

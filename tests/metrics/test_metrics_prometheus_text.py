@@ -12,16 +12,14 @@ prefix cache stays bounded.
 from __future__ import annotations
 
 import functools
-import gzip
 import logging
-import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fixtures.pull import instrument_pull_only, tiny_request
+from fixtures.processes import free_port
+from fixtures.pull import instrument_pull_only, scrape, tiny_request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -217,25 +215,8 @@ def test_metrics_text_writer_cache_is_bounded() -> None:
         assert len(writer._prefixes) <= 150  # cleared once over 100, then refilled
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str, accept: str, gzip_ok: bool = False) -> tuple[str, bytes]:
-    headers = {"Accept": accept}
-    if gzip_ok:
-        headers["Accept-Encoding"] = "gzip"
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
-        body = r.read()
-        if r.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        return r.headers.get("Content-Type", ""), body
-
-
 def test_metrics_text_endpoint_over_http() -> None:
-    port = _free_port()
+    port = free_port()
     handle = instrument_pull_only(port)
     try:
         runtime = handle.runtime
@@ -245,19 +226,19 @@ def test_metrics_text_endpoint_over_http() -> None:
             runtime.record_request(tiny_request(t0, 0.1 * (i + 1), i % 5 == 0))
             runtime.record_step(StepRecord(t0, t0 + 10_000_000 * (i + 1)))
         url = f"http://127.0.0.1:{port}/metrics"
-        content_type, body = _get(url, PROMETHEUS_3_ACCEPT, gzip_ok=True)
+        content_type, body = scrape(url, PROMETHEUS_3_ACCEPT, gzip_ok=True)
         assert content_type == choose_encoder(PROMETHEUS_3_ACCEPT)[1]
         assert body.endswith(b"# EOF\n")
         families = {f.name: f for f in om_parse(body.decode())}
         count = families["gen_ai_server_request_duration_seconds"]
         total = sum(s.value for s in count.samples if s.name.endswith("_count"))
         assert total == 20
-        content_type, body = _get(url, "text/plain;version=0.0.4")
+        content_type, body = scrape(url, "text/plain;version=0.0.4")
         assert content_type.startswith("text/plain; version=0.0.4")
         names = {f.name for f in text_string_to_metric_families(body.decode())}
         assert "gen_ai_server_request_duration_seconds" in names
         # name[] selects series as prometheus_client's answer does
-        _, selected = _get(url + "?name[]=process_cpu_seconds_total", "text/plain")
+        _, selected = scrape(url + "?name[]=process_cpu_seconds_total", "text/plain")
         assert [f.name for f in text_string_to_metric_families(selected.decode())] == [
             "process_cpu_seconds"
         ]

@@ -6,6 +6,10 @@ opt-in SDK self-metrics, and a forked child restarts its worker. This one:
 * keeps at most ``max_queue_size`` spans (the newest are dropped when full, counted in
   ``InternalStats`` as ``(traces, queue_full)``); memory is bounded during an outage;
 * exports on a named daemon thread every ``schedule_delay_s`` or when a batch is full;
+  a wake sends what waits, then goes on only while whole batches wait -- spans that end
+  during the send wait for the next wake. Chasing that tail had a host at 500
+  requests/s send ~40 requests of ~10 spans a second instead of two, each costing the
+  host a GIL hand-over (gRPC's Python layer);
 * after ``fork()`` the child clears the queue and exports nothing (``after_in_child``);
 * ``force_flush`` and ``shutdown`` export what is queued, with a deadline that covers
   everything they wait for -- the worker thread, the export lock, each batch -- so a
@@ -233,9 +237,11 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         try:
             if self._early:
                 return self._send_ready(deadline)
+            first = True
             while self._queue and os.getpid() == self._pid:
-                if deadline is None and self._stopped:
-                    return False
+                if deadline is None and (self._stopped or not (first or self._batch_due())):
+                    return not self._stopped
+                first = False
                 if deadline is not None and time.monotonic() > deadline:
                     return False
                 batch: list[ReadableSpan] = []
@@ -249,6 +255,11 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         finally:
             self._export_lock.release()
         return ok
+
+    def _batch_due(self) -> bool:
+        """Whether a whole batch waits: the worker sends on after its first request only
+        then, so spans that ended meanwhile wait for the next wake."""
+        return len(self._queue) + len(self._ready) >= self._wake_at
 
     def _send(self, batch: list[Any], *, ready: bool = False) -> bool:
         """Export one batch: SDK spans, or ``(origin, encoded)`` pairs when ``ready``.
@@ -273,6 +284,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         """Encode what is queued, then send every encoded span (export lock held)."""
         ok = True
         self._last_export = time.monotonic()
+        first = True
         while os.getpid() == self._pid:
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -281,6 +293,9 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 break
             if deadline is None and self._stopped:
                 return False
+            if deadline is None and not first and not self._batch_due():
+                break  # the tail waits for the next wake (module docstring)
+            first = False
             ready = self._ready
             chunk = [ready.popleft() for _ in range(min(ENCODED_BATCH, len(ready)))]
             # Assembling and sending (a C call that may hold the GIL) start a new slice

@@ -15,7 +15,9 @@ handed it to any waiting thread (otelgpu's export thread, say), which the caller
 host's training or serving loop -- then had to wait for. No holder of the data mutex ever
 waits for the GIL (the sampling loop and the waiter never take it), so taking the mutex
 with the GIL held cannot deadlock. Longer windows (a report over minutes of samples)
-release the GIL while the C code walks them.
+release the GIL while the C code walks them. ``latest`` and ``take_disabled`` (O(1))
+keep it too: the metric reader calls them for every device on every collection, and
+each release was a GIL hand-over the host paid for.
 """
 
 import threading
@@ -310,8 +312,7 @@ cdef class NativeCore:
         cdef int found
         if i < 0 or i >= self._ndev:
             return None
-        with nogil:
-            found = otg_latest(self._st, i, &s)
+        found = otg_latest(self._st, i, &s)  # O(1) under the data mutex: GIL kept
         if not found:
             return None
         return RawSample(
@@ -509,8 +510,7 @@ cdef class NativeCore:
         cdef uint32_t disabled
         if i < 0 or i >= self._ndev:
             raise IndexError(f"device index {i} out of range")
-        with nogil:
-            disabled = otg_take_disabled(self._st, i)
+        disabled = otg_take_disabled(self._st, i)  # O(1) under the data mutex: GIL kept
         return disabled
 
     def counters(self):

@@ -6,6 +6,7 @@ gRPC, OTLP HTTP and the recording."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otelgpu._settings import Settings
 from otelgpu.otel import processor as proc
@@ -180,4 +183,109 @@ def test_the_export_thread_sleeps_until_a_batch_or_the_schedule_delay(otlp_recei
         )
         == 200
     )
+    tp.shutdown()
+
+
+class _GatedExporter(SpanExporter):
+    """A real exporter behind a gate: records each request's span count and holds the
+    first request until ``release`` is set (spans end meanwhile)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _hold(self, n: int) -> None:
+        self.sizes.append(n)
+        if len(self.sizes) == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+
+    def export(self, spans: Any) -> Any:
+        self._hold(len(spans))
+        return self.inner.export(spans)
+
+    def export_encoded(self, spans: Any, payload: Any) -> Any:
+        self._hold(len(spans))
+        return self.inner.export_encoded(spans, payload)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def _gated(kind: str, tmp_path: Path, stats: InternalStats) -> tuple[_GatedExporter, Any]:
+    """The gated exporter and what reads back what it delivered (span names)."""
+    if kind == "encoded":
+        rec = RecordingFile(tmp_path / "r.otlp.jsonl", max_bytes=1 << 24, backups=0)
+        inner = GuardedSpanExporter(EncodedSpanExporter(RecordingSpanExporter(rec)), stats)
+        assert inner.compact_encoding
+
+        def delivered() -> list[str]:
+            return [
+                span.name
+                for r in read_recording(tmp_path / "r.otlp.jsonl")
+                for rs in r.resource_spans
+                for ss in rs.scope_spans
+                for span in ss.spans
+            ]
+
+        return _GatedExporter(inner), delivered
+    memory = InMemorySpanExporter()
+    inner = GuardedSpanExporter(memory, stats)
+    assert not getattr(inner, "accepts_encoded", False)
+    return _GatedExporter(inner), lambda: [s.name for s in memory.get_finished_spans()]
+
+
+@pytest.mark.parametrize("kind", ["encoded", "sdk"])
+def test_a_wake_sends_what_waits_and_leaves_a_partial_tail_for_the_next(
+    tmp_path: Path, kind: str
+) -> None:
+    """Spans that end while a request is being sent wait for the next wake unless a
+    whole batch waits: chasing the tail turned two requests a second into dozens of
+    small ones at 500 requests/s, each a GIL hand-over the host paid for."""
+    stats = InternalStats()
+    gate, delivered = _gated(kind, tmp_path, stats)
+    processor = proc.BoundedBatchSpanProcessor(
+        gate, stats=stats, schedule_delay_s=1.5, max_export_batch_size=8
+    )
+    tp = TracerProvider(shutdown_on_exit=False)
+    tp.add_span_processor(processor)
+    tracer = tp.get_tracer("t")
+
+    def end(names: range) -> None:
+        for i in names:
+            with tracer.start_as_current_span(f"s{i}"):
+                pass
+
+    end(range(8))  # a full batch wakes the thread at once
+    assert gate.entered.wait(10)
+    end(range(8, 13))  # a partial tail ends during the send
+    gate.release.set()
+    time.sleep(0.4)  # the schedule delay (1.5 s) is not up: the tail waits
+    assert gate.sizes == [8]
+    assert processor.queued == 5
+    deadline = time.monotonic() + 10
+    while processor.queued and time.monotonic() < deadline:  # the next wake sends it
+        time.sleep(0.02)
+    assert gate.sizes == [8, 5]
+    # A whole batch waiting after a send is sent on at once (encoded spans: all that
+    # wait, up to ENCODED_BATCH; SDK spans: a batch, the tail left again).
+    gate.sizes.clear()
+    gate.entered.clear()
+    gate.release.clear()
+    end(range(13, 21))
+    assert gate.entered.wait(10)
+    end(range(21, 32))  # 11 spans: a batch of 8 and a tail of 3
+    gate.release.set()
+    deadline = time.monotonic() + 10
+    while len(gate.sizes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate.sizes[1] == (11 if kind == "encoded" else 8)
+    assert processor.force_flush(10_000)
+    assert sorted(delivered()) == sorted(f"s{i}" for i in range(32))
+    assert stats.dropped() == {}
     tp.shutdown()

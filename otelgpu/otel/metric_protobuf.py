@@ -36,6 +36,7 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
+from otelgpu import _impl
 from otelgpu.otel.slicing import Slicer
 from otelgpu.otel.span_encoding import _ld, _resource, _scope, _varint, attributes_bytes
 
@@ -120,12 +121,22 @@ def _number(point: Any, start: bool) -> bytes:
     return b"".join(body)
 
 
-def _gauge_point(point: Any) -> bytes:
-    return _number(point, start=False)
+def py_number_points(points: Any, start: bool, tick: Callable[[], None]) -> bytes:
+    """The ``data_points`` fields of a gauge (``start`` false) or a sum: each point
+    length-delimited, concatenated, ``tick()`` before each (pure-Python twin of
+    ``otelgpu.otel._otlp_c.number_points``)."""
+    out = []
+    for point in points:
+        tick()
+        out.append(_ld(b"\x0a", _number(point, start)))
+    return b"".join(out)
 
 
-def _sum_point(point: Any) -> bytes:
-    return _number(point, start=True)
+_native = _impl.native_module("otelgpu.otel._otlp_c")
+#: :func:`py_number_points`, native when the core loaded (same bytes, same errors).
+number_points: Callable[[Any, bool, Callable[[], None]], bytes] = (
+    _native.number_points if _native is not None else py_number_points
+)
 
 
 def _optional_double(tag: bytes, value: Any) -> bytes:
@@ -194,10 +205,11 @@ def _exponential(point: Any) -> bytes:
     )
 
 
-#: Kind of metric data -> (its ``Metric`` field tag, its data point writer).
-_KINDS: tuple[tuple[type, bytes, Callable[[Any], bytes]], ...] = (
-    (Gauge, b"\x2a", _gauge_point),
-    (Sum, b"\x3a", _sum_point),
+#: Kind of metric data -> (its ``Metric`` field tag, its data point writer; ``None``:
+#: number points, written by :data:`number_points`).
+_KINDS: tuple[tuple[type, bytes, Callable[[Any], bytes] | None], ...] = (
+    (Gauge, b"\x2a", None),
+    (Sum, b"\x3a", None),
     (Histogram, b"\x4a", _histogram),
     (ExponentialHistogram, b"\x52", _exponential),
 )
@@ -211,9 +223,14 @@ def _data(data: Any, slicer: Slicer) -> bytes:
         return b""
     kind, tag, write = found
     body = []
-    for point in data.data_points:
-        slicer.tick()
-        body.append(_ld(b"\x0a", write(point)))
+    if write is None:
+        points = number_points(data.data_points, kind is Sum, slicer.tick)
+        if points:
+            body.append(points)
+    else:
+        for point in data.data_points:
+            slicer.tick()
+            body.append(_ld(b"\x0a", write(point)))
     if not body:
         return b""
     if kind is not Gauge:

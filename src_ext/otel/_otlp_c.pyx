@@ -1,6 +1,7 @@
 # cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False
 """Native twins of ``otelgpu.otel.span_encoding`` (``attributes_bytes``: OTLP ``KeyValue``
-fields; ``encode_span``: a whole ``Span`` message) and of
+fields; ``encode_span``: a whole ``Span`` message), of
+``otelgpu.otel.metric_protobuf.py_number_points`` (gauge and sum data points) and of
 ``otelgpu.otel.span_attributes.py_plain_values``, written in C.
 
 A span or data point's attributes are the bulk of its encoding (a request span has 26):
@@ -592,6 +593,115 @@ def plain_values(attributes, limit):
             return None
         out[key] = value
     return out
+
+
+# ------------------------------------------------------------- metric data points
+_number_twin = None
+_fixed_cls = None
+
+
+cdef int _time_field(object value, uint64_t *out) noexcept:
+    """A data point's time: 1 and ``*out`` for ``None`` (0: left out) or an exact int in
+    [0, 2**63); 0 for anything else (the twin writes the point)."""
+    cdef int overflow = 0
+    cdef long long v
+    if value is None:
+        out[0] = 0
+        return 1
+    if not PyLong_CheckExact(value):
+        return 0
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow or v < 0:
+        return 0
+    out[0] = <uint64_t>v
+    return 1
+
+
+cdef int _number_body(Buf *b, object point, bint start) except -1:
+    """Writes one ``NumberDataPoint`` body into ``b`` (emptied first); 1 if done, 0 where
+    the twin must write it (exemplars, or a time or value that is not a plain int/float)."""
+    cdef uint64_t t_start = 0, t_time, bits
+    cdef long long iv = 0
+    cdef int overflow = 0
+    cdef double d
+    cdef bint as_int
+    b.size = 0
+    if point.exemplars:
+        return 0
+    if start and not _time_field(point.start_time_unix_nano, &t_start):
+        return 0
+    if not _time_field(point.time_unix_nano, &t_time):
+        return 0
+    value = point.value
+    if PyFloat_CheckExact(value):
+        as_int = False
+        d = PyFloat_AS_DOUBLE(value)
+        memcpy(&bits, &d, 8)
+    elif PyBool_Check(value):
+        as_int = True
+        iv = 1 if value is True else 0
+    elif PyLong_CheckExact(value):
+        as_int = True
+        iv = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:  # beyond int64: the twin raises as the SDK's encoder does
+            return 0
+    else:
+        return 0
+    _reserve(b, 27)
+    if t_start:
+        _byte(b, 0x11)
+        _fixed64(b, t_start)
+    if t_time:
+        _byte(b, 0x19)
+        _fixed64(b, t_time)
+    if as_int:
+        _byte(b, 0x31)
+        _fixed64(b, <uint64_t>iv)
+    else:
+        _byte(b, 0x21)
+        _fixed64(b, bits)
+    attributes = point.attributes
+    if type(attributes) is _fixed_cls:  # encoded once, kept on the set (the twin's rule)
+        encoded = attributes.encoded
+        if encoded is None:
+            encoded = attributes.encoded = attributes_bytes(b"\x3a", attributes)
+        _append_bytes(b, encoded)
+    else:
+        _put_attributes(b, 0x3A, attributes)
+    return 1
+
+
+def number_points(points, bint start, tick):
+    """The ``data_points`` fields (field 1) of a gauge (``start`` false: no start time) or
+    a sum: each ``NumberDataPoint`` length-delimited, concatenated; ``tick()`` before each
+    point. Native twin of ``otelgpu.otel.metric_protobuf.py_number_points`` (same bytes,
+    same errors): a point with exemplars, or a time or value that is not a plain int or
+    float, is written by the twin's ``_number``."""
+    global _number_twin, _fixed_cls
+    cdef Buf out
+    cdef Buf body
+    if _number_twin is None:  # imported lazily: the twin's module imports this one
+        from otelgpu.otel.metric_protobuf import FixedAttributes, _number
+
+        _fixed_cls = FixedAttributes
+        _number_twin = _number
+    out.data = NULL
+    out.size = 0
+    out.cap = 0
+    body.data = NULL
+    body.size = 0
+    body.cap = 0
+    try:
+        for point in points:
+            tick()
+            if _number_body(&body, point, start):
+                _put_payload(&out, 0x0A, body.data, body.size)
+            else:
+                _put_bytes(&out, 0x0A, _number_twin(point, start))
+        return PyBytes_FromStringAndSize(out.data, out.size)
+    finally:
+        free(out.data)
+        free(body.data)
 
 
 # --------------------------------------------------------------------------- OTLP/JSON

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import functools
 import random
+import struct
 import time
 from typing import Any
 
 import pytest
+from fixtures.function_twins import twin_params, use_twin
 from fixtures.generated_metrics import generated_metrics
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
     InMemoryMetricReader,
     MetricExportResult,
     MetricsData,
     ResourceMetrics,
     ScopeMetrics,
+    Sum,
 )
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
@@ -100,7 +104,15 @@ class _EveryTick(slicing.Slicer):
         self._last = now
 
 
-def test_request_is_byte_identical_to_the_sdk_encoder() -> None:
+@pytest.fixture(
+    params=twin_params(metric_protobuf.py_number_points, "otelgpu.otel._otlp_c", "number_points")
+)
+def number_twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``metric_protobuf`` with one twin of ``number_points`` in use (both where both exist)."""
+    return use_twin(request, monkeypatch, metric_protobuf, "number_points")
+
+
+def test_request_is_byte_identical_to_the_sdk_encoder(number_twin: Any) -> None:
     data = _collection()
     slicer = _EveryTick()
     encoded = metric_protobuf.encode_request(data, slicer)
@@ -116,7 +128,7 @@ def test_request_is_byte_identical_to_the_sdk_encoder() -> None:
     assert metric_protobuf.encode_request(data) == encode_metrics(data).SerializeToString()
 
 
-def test_request_is_byte_identical_on_generated_data_of_every_kind() -> None:
+def test_request_is_byte_identical_on_generated_data_of_every_kind(number_twin: Any) -> None:
     """300 generated collections: every data kind, ints and floats, NaN and infinities,
     empty histograms, exemplars with and without a span, buckets on both sides, negative
     scales, equal scopes, schema URLs."""
@@ -126,7 +138,7 @@ def test_request_is_byte_identical_on_generated_data_of_every_kind() -> None:
         assert metric_protobuf.encode_request(data) == encode_metrics(data).SerializeToString()
 
 
-def test_direct_metrics_fixed_attributes_encode_as_the_sdk_encodes_them() -> None:
+def test_direct_metrics_fixed_attributes_encode_as_the_sdk_encodes_them(number_twin: Any) -> None:
     """The GPU metrics built by ``otelgpu.metrics.direct`` carry ``FixedAttributes`` whose
     encoding is kept: the request is the SDK's, the first time and from the kept bytes."""
     from otelgpu.metrics.direct import DirectMetrics, Point
@@ -157,7 +169,7 @@ def test_direct_metrics_fixed_attributes_encode_as_the_sdk_encodes_them() -> Non
     assert all(p.attributes.encoded for p in points)  # type: ignore[union-attr]
 
 
-def test_values_the_sdk_refuses_raise() -> None:
+def test_values_the_sdk_refuses_raise(number_twin: Any) -> None:
     from opentelemetry.sdk.metrics.export import Gauge, Metric, NumberDataPoint
 
     rm = _collection(gpus=1).resource_metrics[0]
@@ -169,6 +181,66 @@ def test_values_the_sdk_refuses_raise() -> None:
         encode_metrics(data)
     with pytest.raises(ValueError, match="out of range"):
         metric_protobuf.encode_request(data)
+
+
+def test_number_point_twins_agree_on_awkward_points(number_twin: Any) -> None:
+    """Points the native writer hands to the twin (exemplars, int subclasses, float
+    subclasses, times beyond int64, no start time) and those it writes itself (bools, the
+    int64 limits, NaN, fixed attribute sets, non-plain attribute values): the SDK's bytes,
+    and the SDK's refusals."""
+    from enum import IntEnum
+
+    from opentelemetry.sdk.metrics import Exemplar
+    from opentelemetry.sdk.metrics.export import Gauge, Metric, NumberDataPoint
+
+    class Level(IntEnum):
+        HIGH = 3
+
+    class Ratio(float):
+        pass
+
+    fixed = metric_protobuf.FixedAttributes({"hw.id": "GPU-0", "n": 1, "ok": True})
+    values: list[Any] = [
+        0, -1, (1 << 63) - 1, -(1 << 63), 0.0, -0.0, float("nan"), float("inf"), 1e300,
+        Level.HIGH, Ratio(0.25),
+    ]  # fmt: skip
+    attribute_sets: list[Any] = [{}, {"a": "x"}, {"b": b"raw", "c": [1, 2]}, fixed, None]
+    times = [(0, 0), (None, 5), (1, (1 << 63) + 7), (123, 456)]
+
+    def points_of(values: list[Any]) -> list[Any]:
+        return [
+            NumberDataPoint(attrs, start, end, value)  # type: ignore[arg-type]
+            for value in values
+            for attrs in attribute_sets
+            for start, end in times
+        ]
+
+    points = points_of(values)
+    exemplar = Exemplar({"e": 1}, 2.5, 99, 0xABC, 0xDEF)
+    points.append(NumberDataPoint({"x": 1}, 1, 2, 7, exemplars=[exemplar]))
+    rm = _collection(gpus=1).resource_metrics[0]
+    for monotonic in (True, False):
+        metrics = [
+            Metric("g", "", "", Gauge(points)),
+            Metric("s", "d", "1", Sum(points, AggregationTemporality.CUMULATIVE, monotonic)),
+        ]
+        scope = ScopeMetrics(rm.scope_metrics[0].scope, metrics, "")
+        data = MetricsData([ResourceMetrics(rm.resource, [scope], "")])
+        assert metric_protobuf.encode_request(data) == encode_metrics(data).SerializeToString()
+    assert fixed.encoded  # kept on the set, as the twin keeps it
+    # Bools: the SDK's encoder refuses them (as_int "expected an int"); otelgpu writes
+    # them as the ints they are -- the same bytes from both twins.
+    bools = points_of([True, False])
+    for start in (True, False):
+        assert number_twin(bools, start, lambda: None) == metric_protobuf.py_number_points(
+            bools, start, lambda: None
+        )
+    ticks: list[int] = []
+    number_twin(points, True, lambda: ticks.append(1))
+    assert len(ticks) == len(points)  # a chance to hand the GIL back before every point
+    for bad in (NumberDataPoint({}, -1, 2, 1.0), NumberDataPoint({}, 1, 2, 1 << 64)):
+        with pytest.raises((ValueError, struct.error)):
+            number_twin([bad], True, lambda: None)
 
 
 def test_grouping_quirks_match_the_sdk() -> None:

@@ -416,7 +416,7 @@ def _run_child(args: list[str]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", type=int, default=3000, help="operations per configuration")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30_000, help="busy-loop steps")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="pause runs per side")
@@ -468,7 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "## Cost per operation, export included",
                 "",
                 f"Process CPU (all threads) per operation minus idle background, {args.n} "
-                f"operations + final flush, best of {args.rounds} fresh processes. Ratio: to "
+                f"operations + final flush, best of {args.rounds} fresh processes (rounds "
+                "interleaved). Ratio: to "
                 "the plain OTel span (2 attributes) exported by the same exporter.",
                 "",
                 "| exporter | plain OTel span µs | step 1 GPU | step 8 GPUs "
@@ -487,15 +488,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ("request", 1),
                     ("request", 8),
                 ]
-                for kind, gpus in configs:
-                    best = min(
-                        _run_child(
-                            ["--worker", kind, exporter, str(gpus), str(args.n), ports, tmp]
-                        )["us_cpu"]
-                        for _ in range(args.rounds)
-                    )
-                    cells[(kind, gpus)] = best
-                    print(exporter, kind, gpus, f"{best:.1f} µs", file=sys.stderr)
+                # Rounds interleaved (every configuration once per round), the best of each
+                # kept: a shared machine's drift over minutes then reaches every cell alike
+                # instead of whichever configuration ran while it lasted.
+                runs: dict[tuple[str, int], list[float]] = {config: [] for config in configs}
+                for _ in range(args.rounds):
+                    for kind, gpus in configs:
+                        runs[(kind, gpus)].append(
+                            _run_child(
+                                ["--worker", kind, exporter, str(gpus), str(args.n), ports, tmp]
+                            )["us_cpu"]
+                        )
+                for (kind, gpus), values in runs.items():
+                    cells[(kind, gpus)] = min(values)
+                    print(exporter, kind, gpus, f"{min(values):.1f} µs", file=sys.stderr)
                 base = cells[("plain", 0)]
                 row = [f"{base:.1f}"]
                 for config in configs[1:]:

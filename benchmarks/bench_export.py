@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # Interleaved repeats, the run with the lowest p99 kept for each side: other
                 # processes on a shared machine only ever add pauses, to both sides alike.
                 runs: dict[str, list[dict[str, Any]]] = {"bare": [], "plain": [], "otelgpu": []}
-                for _ in range(1 if scenario == "train50" else args.repeats):
+                for _ in range(args.repeats):
                     for side, done in runs.items():
                         done.append(
                             _run_child(

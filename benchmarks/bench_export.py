@@ -14,7 +14,7 @@ Part 1 -- cost per operation, export included (encoding, sending), in one run:
   metric reader) during ``n`` operations and the final flush, minus the process's idle
   CPU rate (GPU sampler, timers) times the elapsed time, divided by ``n``. The receiver
   runs in another process and is not counted. Each configuration runs in a fresh
-  process; best of ``--rounds``.
+  process; best of ``--rounds``, the rounds interleaved across the configurations.
 
 Part 2 -- host pause distribution: a busy-loop step (100 µs of spinning), 30,000 steps,
 bare and inside ``otelgpu.step()`` (1 GPU, local recording); a 50 steps/s training loop
@@ -23,7 +23,8 @@ between them, 8 GPUs, OTLP gRPC). Per step: the wall time of the step and the lo
 gap the spinning loop saw (what a pause feels like). Reported: p50/p99/p99.9/max and
 the added pause over the bare loop at p99 and max (targets 0.5 ms and 2 ms), for otelgpu
 and, as the reference in the same run, for one plain SDK span per step exported by the same
-exporter (what any span costs the host on this machine).
+exporter (what any span costs the host on this machine). Each scenario runs ``--repeats``
+times per side, interleaved; the run with the lowest p99 is kept for each side.
 
 Writes ``benchmarks/results/export.md``. Run: ``python benchmarks/bench_export.py``
 (``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--quick`` for a short run).

@@ -423,6 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="pause runs per side")
     parser.add_argument("--only", choices=["cost", "pauses"], default=None)
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
+    parser.add_argument(
+        "--scenarios",
+        default="busy100,train50,infer500",
+        help="pause scenarios to run (comma-separated)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--receiver", help=argparse.SUPPRESS)
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
@@ -537,7 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ("train50", "otlp-grpc", 300 if args.quick else 1000),
                 ("infer500", "otlp-grpc", 2000 if args.quick else 5000),
             ]
-            for scenario, exporter, steps in scenarios:
+            wanted = set(args.scenarios.split(","))
+            for scenario, exporter, steps in [s for s in scenarios if s[0] in wanted]:
                 # Interleaved repeats, the run with the lowest p99 kept for each side: other
                 # processes on a shared machine only ever add pauses, to both sides alike.
                 runs: dict[str, list[dict[str, Any]]] = {"bare": [], "plain": [], "otelgpu": []}

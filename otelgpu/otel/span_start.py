@@ -14,8 +14,10 @@ So the attributes are deferred only when the tracer is an SDK tracer whose sampl
 the SDK's samplers that ignore attributes (``ALWAYS_ON``/``ALWAYS_OFF``, ``TraceIdRatioBased``,
 ``ParentBased`` over those) and whose processors are otelgpu's own (their ``on_start`` reads
 nothing). Any other sampler or processor -- an application's -- gets the SDK's path unchanged.
-The decision is kept per (sampler, processor tuple): the SDK replaces the tuple when a
-processor is added, so a later processor is seen. Thread-safe (one tuple assignment).
+Under the same condition the span itself is an ``otelgpu.otel.compact_span.CompactSpan``
+(the SDK's span without its per-span allocations and end-time snapshot). The decision is
+kept per (sampler, processor tuple): the SDK replaces the tuple when a processor is added,
+so a later processor is seen. Thread-safe (one tuple assignment).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import sampling
 from opentelemetry.trace import Span, SpanKind
 
+from otelgpu.otel.compact_span import start_compact
 from otelgpu.otel.span_attributes import set_attributes
 
 __all__ = ["SpanStarter"]
@@ -100,10 +103,15 @@ class SpanStarter:
     ) -> Span:
         """``tracer.start_span(name, context=…, kind=…, start_time=…, attributes=…)``, with
         the same resulting span (module docstring)."""
-        if attributes and self._deferrable():
-            span = self._tracer.start_span(name, context=context, kind=kind, start_time=start_time)
-            set_attributes(span, attributes)
-            return span  # type: ignore[no-any-return]
+        if self._deferrable():
+            span = start_compact(self._tracer, name, context, kind, start_time)
+            if span is None:
+                span = self._tracer.start_span(
+                    name, context=context, kind=kind, start_time=start_time
+                )
+            if attributes:
+                set_attributes(span, attributes)
+            return span
         return self._tracer.start_span(  # type: ignore[no-any-return]
             name, context=context, kind=kind, start_time=start_time, attributes=attributes
         )

@@ -64,6 +64,8 @@ def count(value: object, field: str, stats: Rejecter | None) -> float | None:
 
     ``None`` passes through silently (the field was not given).
     """
+    if type(value) is int and 0 <= value <= MAX_COUNT:  # the common case, checked inline
+        return value
     if value is None or not _accepted(value, MAX_COUNT, field, stats):
         return None
     return value  # type: ignore[return-value]

@@ -254,6 +254,8 @@ class DeferredSampler:
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
         sampler = self._sampler
         found = sampler.events(start_ns, end_ns, uuid) if sampler is not None else []
+        if not self._lost_events:  # the common case
+            return found
         lost = [
             e
             for e in self._lost_events

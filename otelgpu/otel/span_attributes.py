@@ -41,8 +41,22 @@ def set_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
     """``span.set_attributes(attributes)``, with the same result (module docstring)."""
     if not attributes:
         return
-    if not isinstance(span, SdkSpan) or not _store(span, attributes):
+    if not _is_sdk_span(type(span)) or not _store(span, attributes):
         span.set_attributes(attributes)
+
+
+#: Span type -> whether it is an SDK span (``isinstance`` on the SDK's ABC-derived span class
+#: runs ``ABCMeta.__instancecheck__`` in Python on every call).
+_SDK_TYPES: dict[type, bool] = {}
+
+
+def _is_sdk_span(cls: type) -> bool:
+    known = _SDK_TYPES.get(cls)
+    if known is None:
+        known = issubclass(cls, SdkSpan)
+        if len(_SDK_TYPES) < 256:  # bounded: span types are few
+            _SDK_TYPES[cls] = known
+    return known
 
 
 def py_plain_values(attributes: Mapping[str, Any], limit: int | None) -> dict[str, Any] | None:

@@ -81,6 +81,20 @@ class GpuSummarizer:
         raw = self._sampler.summary(start_ns, end_ns, devices)
         return {} if raw is None else self.summary_attributes(raw, devices is not None)
 
+    def attributes_and_events(
+        self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """:meth:`attributes` and the window's events (all GPUs: the caller filters), read
+        with one sampler call (``summary_and_events``) where the sampler has it."""
+        combined = getattr(self._sampler, "summary_and_events", None)
+        if combined is None:  # a stand-in sampler with summary() and events() only
+            return self.attributes(start_ns, end_ns, devices), list(
+                self._sampler.events(start_ns, end_ns)
+            )
+        raw, events = combined(start_ns, end_ns, devices)
+        attributes = {} if raw is None else self.summary_attributes(raw, devices is not None)
+        return attributes, events
+
     def summary_attributes(self, raw: RawSummary, listed: bool) -> dict[str, Any]:
         """Span attributes of a ``RawSummary``; ``listed``: the caller chose the GPUs
         (their UUIDs are then listed in ``otelgpu.gpu.ids``)."""

@@ -68,6 +68,30 @@ class GpuContext:
             self._report_error("gpu window", exc)
             return {}
 
+    def context(
+        self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """:meth:`attributes` and :meth:`events` of ``[start_ns, end_ns]`` together, read
+        from the sampler in one call where it can (a span's GPU context on the hot path);
+        ``({}, [])`` without a sampler."""
+        sampler = self.sampler
+        if sampler is None:
+            return {}, []
+        try:
+            summarizer = self._summarizer(sampler)
+            if summarizer is None:
+                return self.attributes(start_ns, end_ns, devices), self.events(
+                    start_ns, end_ns, devices
+                )
+            attributes, events = summarizer.attributes_and_events(start_ns, end_ns, devices)
+        except Exception as exc:  # noqa: BLE001 - GPU context is best effort
+            self._report_error("gpu window", exc)
+            return {}, []
+        if events and devices is not None:
+            wanted = set(devices)
+            events = [e for e in events if getattr(e, "uuid", None) in wanted]
+        return attributes, events
+
     def energy(
         self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
     ) -> float | None:

@@ -196,7 +196,7 @@ class RequestRecorder(Recorder[RequestRecord]):
                         self._work.request(energy, output_tokens, labels.base)
             else:
                 sampled = gpu.sampler is not None
-                context = gpu.attributes(start_ns, end_ns, devices) if sampled else {}
+                context, events = gpu.context(start_ns, end_ns, devices) if sampled else ({}, [])
                 work = self._work.request(context, output_tokens, labels.base)
                 span_attrs: dict[str, Any] = {"otelgpu.request.outcome": outcome}
                 if ttft_s is not None:
@@ -216,7 +216,7 @@ class RequestRecorder(Recorder[RequestRecord]):
                 if record.response_model is not None:
                     span_attrs["gen_ai.response.model"] = record.response_model
                 window = (start_ns, end_ns, devices)
-                self._annotate(span, span_attrs, attributes, context, work, window)
+                self._annotate(span, span_attrs, attributes, context, work, window, events)
                 if record.exception is not None:
                     span.record_exception(record.exception)
                 if outcome != "ok":

@@ -106,8 +106,7 @@ class StepRecorder(Recorder[StepRecord]):
             # context even for an unsampled span: their sketches cover every step.
             gpu = self._gpu
             sampled_gpu = gpu.sampler is not None
-            context = gpu.attributes(start_ns, end_ns, devices) if sampled_gpu else {}
-            events = gpu.events(start_ns, end_ns, devices) if sampled_gpu else []
+            context, events = gpu.context(start_ns, end_ns, devices) if sampled_gpu else ({}, [])
             if sampler is not None and (
                 span is None or (span.is_recording() and self._is_step(span))
             ):

@@ -472,6 +472,29 @@ class BaseGpuSampler:
         devs = [i for u in uuids if (i := self._index_of(u)) is not None]
         return self._core.summary(s_ns, e_ns, devs)
 
+    def summary_and_events(
+        self, start_ns: int, end_ns: int, uuids: Sequence[str] | None = None
+    ) -> tuple[RawSummary | None, list[GpuEvent]]:
+        """:meth:`summary` of the window and the events of all devices in it (as
+        :meth:`events` gives them), in one call: a span's GPU context on the hot path reads
+        both, and each separate query costs its own bound checks and fork check."""
+        s_ns, e_ns = _time_bound(start_ns), _time_bound(end_ns)
+        if s_ns is None or e_ns is None:
+            return None, []
+        if self._pid != os.getpid():
+            self._after_fork_in_child()
+        core = self._core
+        if uuids is None:
+            raw = core.summary(s_ns, e_ns, None)
+        else:
+            raw = core.summary(
+                s_ns, e_ns, [i for u in uuids if (i := self._index_of(u)) is not None]
+            )
+        raws: Sequence[Any] = core.events(s_ns, e_ns, -1, -1)
+        if not raws:  # the common case
+            return raw, []
+        return raw, [event_from_raw(self._uuids, r) for r in raws]
+
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
         """Events in ``[start_ns, end_ns]`` (all devices, or ``uuid``), oldest first.
 

@@ -251,6 +251,17 @@ class DeferredSampler:
         sampler = self._sampler
         return sampler.summary(start_ns, end_ns, uuids) if sampler is not None else None
 
+    def summary_and_events(
+        self, start_ns: int, end_ns: int, uuids: Sequence[str] | None = None
+    ) -> tuple[RawSummary | None, list[GpuEvent]]:
+        sampler = self._sampler
+        if sampler is None:
+            return None, self.events(start_ns, end_ns)
+        raw, found = sampler.summary_and_events(start_ns, end_ns, uuids)
+        if not self._lost_events:  # the common case
+            return raw, found
+        return raw, self.events(start_ns, end_ns)
+
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
         sampler = self._sampler
         found = sampler.events(start_ns, end_ns, uuid) if sampler is not None else []

@@ -133,6 +133,30 @@ def test_summary_sums_up_the_windows_of_the_gpus(
     assert sampler.summary("start", stamps[-1]) is None  # type: ignore[arg-type]
 
 
+def test_summary_and_events_reads_both_in_one_call(
+    sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    sampler = make_sampler()
+    stamps = _series(sim_gpu, [sampler], 250)  # throttle and ECC events from sample 100 on
+    uuids = [d.uuid for d in sampler.devices]
+    rng = random.Random(5)
+    bounds = [(stamps[0], stamps[-1]), (stamps[95], stamps[105]), (stamps[10], stamps[20])]
+    bounds += [
+        tuple(sorted(rng.randrange(stamps[0] - 10**9, stamps[-1] + 10**9) for _ in "ab"))  # type: ignore[misc]
+        for _ in range(40)
+    ]
+    with_events = 0
+    for a, b in bounds:
+        for order in (None, [uuids[1], uuids[0]], [uuids[1], "GPU-unknown"], ["GPU-unknown"]):
+            raw, events = sampler.summary_and_events(a, b, order)
+            assert raw == sampler.summary(a, b, order)
+            assert events == sampler.events(a, b)  # every GPU's: the caller filters
+            with_events += bool(events)
+    assert with_events  # some windows held the throttle and ECC events
+    assert sampler.summary_and_events("start", stamps[-1]) == (None, [])  # type: ignore[arg-type]
+    assert sampler.summary_and_events(stamps[5], stamps[1]) == (None, [])
+
+
 def test_summary_carries_the_xids_of_the_gpus_asked(
     sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
 ) -> None:
@@ -153,6 +177,33 @@ def test_summary_carries_the_xids_of_the_gpus_asked(
     assert everything is not None and everything.xids == (48, 63, 94)
     other = sampler.summary(before, end, [uuids[0]])
     assert other is not None and other.xids == () and other.devices == (0,)
+
+
+def test_a_spans_gpu_context_is_its_attributes_and_events(
+    sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
+) -> None:
+    """``GpuContext.context`` (one sampler call) gives what ``attributes`` and ``events``
+    give one by one, the events restricted to the GPUs asked for."""
+    from otelgpu.runtime.gpu import GpuContext
+
+    sampler = make_sampler()
+    stamps = _series(sim_gpu, [sampler], 200)  # GPU 1 throttled, ECC on GPU 0
+    errors: list[BaseException] = []
+    gpu = GpuContext(sampler, lambda _where, exc: errors.append(exc))
+    uuids = [d.uuid for d in sampler.devices]
+    for a, b in ((stamps[0], stamps[-1]), (stamps[98], stamps[160]), (stamps[5], stamps[9])):
+        for devices in (None, [uuids[0]], [uuids[1]], [uuids[1], uuids[0]]):
+            attributes, events = gpu.context(a, b, devices)
+            assert attributes == gpu.attributes(a, b, devices)
+            assert events == gpu.events(a, b, devices)
+            assert {e.uuid for e in events} <= set(devices or uuids)
+    assert any(e.uuid == uuids[1] for e in gpu.context(stamps[98], stamps[160])[1])
+    assert (
+        gpu.context(stamps[98], stamps[160], [uuids[0]])[1]
+        != gpu.context(stamps[98], stamps[160], [uuids[1]])[1]
+    )
+    assert GpuContext(None, lambda _w, _e: None).context(0, 1) == ({}, [])
+    assert not errors
 
 
 @pytest.mark.skipif(_impl.NO_EXTENSIONS, reason="only one twin in this run")

@@ -27,7 +27,9 @@ exporter (what any span costs the host on this machine). Each scenario runs ``--
 times per side, interleaved; the run with the lowest p99 is kept for each side.
 
 Writes ``benchmarks/results/export.md``. Run: ``python benchmarks/bench_export.py``
-(``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--quick`` for a short run).
+(``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--quick`` for a short run;
+``--only pauses --scenarios train50,infer500 --out FILE`` for some pause rows alone). Run it
+on an otherwise idle machine: anything on the other core moves the pause rows.
 """
 
 from __future__ import annotations

@@ -67,24 +67,23 @@ class CompactSpan(SdkSpan):
         pass
 
     def _add_event(self, event: Any) -> None:
-        with self._lock:
-            if self._end_time is None:
-                events: Any = self._events
-                if events is _NONE:
-                    events = self._events = BoundedList(self._limits.max_events)
-                events.append(event)
-                return
-        _sdk_logger.warning("Tried calling %s on an ended span.", "_add_event")
+        self._append("_events", self._limits.max_events, event, "_add_event")
 
     def _add_link(self, link: Any) -> None:
+        self._append("_links", self._limits.max_links, link, "_add_link")
+
+    def _append(self, field: str, limit: int | None, item: Any, caller: str) -> None:
+        """The SDK's ``_add_event``/``_add_link`` (appended unless ended, else its warning),
+        with the span's own list made on first use."""
         with self._lock:
             if self._end_time is None:
-                links: Any = self._links
-                if links is _NONE:
-                    links = self._links = BoundedList(self._limits.max_links)
-                links.append(link)
+                items = getattr(self, field)
+                if items is _NONE:
+                    items = BoundedList(limit)
+                    setattr(self, field, items)
+                items.append(item)
                 return
-        _sdk_logger.warning("Tried calling %s on an ended span.", "_add_link")
+        _sdk_logger.warning("Tried calling %s on an ended span.", caller)
 
     def end(self, end_time: int | None = None) -> None:
         with self._lock:

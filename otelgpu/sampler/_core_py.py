@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from otelgpu.nvml import NvmlUnavailableError, pynvml_init
 from otelgpu.sampler import _fields as F
@@ -47,6 +47,8 @@ _logger = logging.getLogger(__name__)
 
 
 _ZERO_THROTTLE = (0,) * len(F.THROTTLE_COUNTERS)
+#: Window parts kept per device (see ``_Device.memo``); the memo starts over when full.
+_WINDOW_MEMO = 8
 
 
 class _Device:
@@ -67,6 +69,7 @@ class _Device:
         "lost",
         "lost_code",
         "lost_t_ns",
+        "memo",
         "off_code",
         "prev_ecc_uncorr",
         "prev_throttle",
@@ -92,6 +95,9 @@ class _Device:
         self.prev_ecc_uncorr = 0
         self.prev_throttle = 0
         self.head = 0
+        # Window parts (aggregate, GPM means, counter deltas) by the ring positions they
+        # come from: back-to-back short spans between two sampler rounds share them.
+        self.memo: dict[tuple[int, int, int, int], Any] = {}
         self.off_code = [0] * 32
         # GPM: two samples used alternately, a reusable metrics request, metrics still on.
         self.gpm_sample: list[Any] = [None, None]
@@ -146,6 +152,8 @@ class PyCore:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._loop_failed = False
+        #: Summaries by their devices' window keys and lost flags (see ``summary``).
+        self._summary_memo: dict[tuple[Any, ...], RawSummary] = {}
         self._init_locks()
         self._reset_counters()
 
@@ -274,6 +282,7 @@ class PyCore:
     def after_fork_in_child(self) -> None:
         """Forget the parent's threads, samples, events and NVML state."""
         self._init_locks()
+        self._summary_memo = {}
         self._threads = []
         self._stop = threading.Event()
         self._inited = False
@@ -641,43 +650,82 @@ class PyCore:
         """
         if e_ns < s_ns:
             return None
+        piece = self._piece(i, s_ns, e_ns)
+        return None if piece is None else _raw_window(piece, s_ns, e_ns)
+
+    def _piece(self, i: int, s_ns: int, e_ns: int) -> _Piece | None:
+        """Where device ``i``'s window ``[s_ns, e_ns]`` lies in its ring, with the window's
+        parts (aggregate, GPM means, counter deltas): remembered by the ring positions
+        they come from, computed outside the data lock otherwise. ``None``: no data."""
+        cap = self._cap
+        used: list[RawSample] = []
         with self._data_lock:
             d = self._dev[i]
-            n = min(d.head, self._cap)
-            span = W.bisect(d.ring, d.head - n, n, self._cap, s_ns, e_ns)
+            ring, n = d.ring, min(d.head, cap)
+            first = d.head - n
+            where = W.locate(ring, first, n, cap, s_ns, e_ns)
+            if where is None:
+                return None
+            f, last, a = where
+            pa, pb = ring[(first + a) % cap], ring[(first + last) % cap]
+            assert pa is not None and pb is not None
+            c = f  # GPM means use the used samples after s_ns (all of them when none is)
+            while c <= last:
+                rec = ring[(first + c) % cap]
+                assert rec is not None
+                if rec.t_ns > s_ns:
+                    break
+                c += 1
+            # Ring positions never repeat (``head`` only grows until a reset, which
+            # replaces the memo), so they name the samples a window's parts come from.
+            key = (first + f, first + last, first + a, first + c if c <= last else first + f)
+            memo = d.memo
+            parts = memo.get(key)
+            if parts is None:
+                used = [ring[(first + k) % cap] for k in range(f, last + 1)]  # type: ignore[misc]
             lost = 1 if d.lost and d.lost_t_ns <= e_ns else 0
-        if span is None:
-            return None
         # The records are immutable tuples: aggregate outside the lock.
-        agg = W.aggregate(span.used)
-        gpm_valid, gpm = W.gpm_means(span.used, s_ns)
-        energy, from_counter = W.energy(span, agg, s_ns, e_ns)
-        d_ecc_c, d_ecc_u, d_ptx, d_prx, d_ntx, d_nrx, d_replay, delta_bits = W.counter_deltas(
-            span.a, span.b
-        )
-        valid = agg.valid | delta_bits
-        if energy is not None:
-            valid |= F.F_ENERGY
-        if gpm_valid:
-            valid |= F.F_GPM
-        return RawWindow(
-            len(span.used), lost, valid, agg.gpu_util_mean, agg.gpu_util_min,
-            agg.gpu_util_max, agg.mem_util_mean, agg.mem_used_peak, agg.mem_total,
-            agg.power_mean_w, agg.power_max_w, energy or 0.0, from_counter, agg.temp_max,
-            agg.sm_clock_mean, agg.reasons, agg.throttled_fraction, d_ecc_c, d_ecc_u, d_ptx,
-            d_prx, d_ntx, d_nrx, agg.mem_reserved, agg.mem_temp_max, d_replay,
-            agg.enc_util_mean, agg.dec_util_mean, gpm_valid, gpm,
-        )  # fmt: skip
+        if parts is None:
+            parts = (W.aggregate(used), *W.gpm_means(used, s_ns), W.counter_deltas(pa, pb))
+            if len(memo) >= _WINDOW_MEMO:
+                memo.clear()
+            memo[key] = parts
+        return _Piece(key, lost, last - f + 1, pa, pb, a < last, parts)
 
     def summary(self, s_ns: int, e_ns: int, devs: Sequence[int] | None = None) -> RawSummary | None:
         """The windows of devices ``devs`` (indexes, in that order; default all) over
         ``[s_ns, e_ns]`` summed up in one :class:`RawSummary` (rules: ``_summary_py``), with
         the XID codes of their events in the window; ``None`` when none has data.
-        Out-of-range indexes are skipped."""
+        Out-of-range indexes are skipped.
+
+        Back-to-back short windows between two sampler rounds use the same samples: the
+        summary of those is remembered, and only what depends on the window's bounds
+        (energy, XIDs) is computed again, by the same rules and in the same order."""
         ndev = len(self._dev)
         order = range(ndev) if devs is None else [i for i in devs if 0 <= i < ndev]
-        windows = [(i, self.window(i, s_ns, e_ns)) for i in order]
-        return summarise(windows, self.events(s_ns, e_ns, -1, F.EV_XID))
+        if e_ns < s_ns:
+            return None
+        pieces = [(i, self._piece(i, s_ns, e_ns)) for i in order]
+        key = tuple((i, p.key, p.lost) if p is not None else (i,) for i, p in pieces)
+        memo = self._summary_memo
+        raw = memo.get(key)
+        if raw is None:
+            windows = [(i, None if p is None else _raw_window(p, s_ns, e_ns)) for i, p in pieces]
+            raw = summarise(windows, ())
+            if raw is None:
+                return None
+            if len(memo) >= _WINDOW_MEMO:
+                memo.clear()
+            memo[key] = raw
+            with_energy = raw
+        else:
+            with_energy = _with_energy(raw, [p for _, p in pieces if p is not None], s_ns, e_ns)
+        xid_events = self.events(s_ns, e_ns, -1, F.EV_XID)
+        if not xid_events:
+            return with_energy
+        seen = set(raw.devices)
+        xids = tuple(sorted({int(e[3]) for e in xid_events if e[1] in seen}))
+        return with_energy._replace(xids=xids) if xids else with_energy
 
     def events(self, s_ns: int, e_ns: int, dev: int = -1, kind: int = -1) -> list[tuple[int, ...]]:
         """Retained raw events ``(t, dev, kind, code, detail)`` in ``[s_ns, e_ns]``, oldest first.
@@ -728,6 +776,58 @@ class PyCore:
                 self._ev_dropped,
                 self._busy_ns,
             )
+
+
+class _Piece(NamedTuple):
+    """One device's window: its memo key, lost flag, sample count, the samples its counter
+    deltas run between (``distinct``: two ring slots) and its parts (aggregate, GPM valid
+    bits, GPM means, counter deltas)."""
+
+    key: tuple[int, int, int, int]
+    lost: int
+    samples: int
+    pa: RawSample
+    pb: RawSample
+    distinct: bool
+    parts: tuple[Any, int, tuple[float, ...], tuple[int, ...]]
+
+
+def _raw_window(piece: _Piece, s_ns: int, e_ns: int) -> RawWindow:
+    """The ``RawWindow`` of ``piece`` over ``[s_ns, e_ns]`` (its energy scaled to it)."""
+    agg, gpm_valid, gpm, deltas = piece.parts
+    energy, from_counter = W.energy(piece.pa, piece.pb, piece.distinct, agg, s_ns, e_ns)
+    d_ecc_c, d_ecc_u, d_ptx, d_prx, d_ntx, d_nrx, d_replay, delta_bits = deltas
+    valid = agg.valid | delta_bits
+    if energy is not None:
+        valid |= F.F_ENERGY
+    if gpm_valid:
+        valid |= F.F_GPM
+    return RawWindow(
+        piece.samples, piece.lost, valid, agg.gpu_util_mean, agg.gpu_util_min,
+        agg.gpu_util_max, agg.mem_util_mean, agg.mem_used_peak, agg.mem_total,
+        agg.power_mean_w, agg.power_max_w, energy or 0.0, from_counter, agg.temp_max,
+        agg.sm_clock_mean, agg.reasons, agg.throttled_fraction, d_ecc_c, d_ecc_u, d_ptx,
+        d_prx, d_ntx, d_nrx, agg.mem_reserved, agg.mem_temp_max, d_replay,
+        agg.enc_util_mean, agg.dec_util_mean, gpm_valid, gpm,
+    )  # fmt: skip
+
+
+def _with_energy(raw: RawSummary, pieces: list[_Piece], s_ns: int, e_ns: int) -> RawSummary:
+    """``raw`` (a remembered summary of the same samples) with the energy of ``[s_ns,
+    e_ns]``: each device's as ``window`` computes it, summed in device order as
+    ``summarise`` does, so the result equals a fresh summary's."""
+    energy, from_counter, any_energy = 0.0, 1, False
+    for p in pieces:
+        joules, counter = W.energy(p.pa, p.pb, p.distinct, p.parts[0], s_ns, e_ns)
+        if joules is not None:
+            energy += joules or 0.0
+            if not counter:
+                from_counter = 0
+            any_energy = True
+    valid = raw.valid | F.F_ENERGY if any_energy else raw.valid & ~F.F_ENERGY
+    if not any_energy:
+        energy, from_counter = 0.0, 0
+    return raw._replace(valid=valid, energy_j=energy, energy_from_counter=from_counter)
 
 
 def _gpm_code(code: int) -> int:

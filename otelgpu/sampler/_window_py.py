@@ -1,6 +1,6 @@
 """Window statistics of the pure-Python core, in three steps (the rules of otg_window).
 
-1. :func:`bisect` finds the samples a window uses and the two its counter deltas run
+1. :func:`locate` finds the samples a window uses and the two its counter deltas run
    between (binary search of the time-sorted ring, under the core's data lock);
 2. :func:`aggregate` and :func:`gpm_means` reduce the used samples (means, extremes,
    unions; GPM interval-weighted means);
@@ -18,19 +18,21 @@ from otelgpu.sampler import _fields as F
 from otelgpu.sampler._records import NGPM, ZERO_GPM, RawSample
 
 
-class _Span(NamedTuple):
-    """The samples a window uses, and the two its counter deltas run between."""
-
-    used: list[RawSample]
-    a: RawSample  # newest at or before the window start, else the first used
-    b: RawSample  # the last used
-    distinct: bool  # a and b are different samples
-
-
-def bisect(
+def locate(
     ring: list[RawSample | None], first: int, n: int, cap: int, s_ns: int, e_ns: int
-) -> _Span | None:
-    """Binary search of a time-sorted ring for the window ``[s_ns, e_ns]`` (data lock held)."""
+) -> tuple[int, int, int] | None:
+    """The window ``[s_ns, e_ns]`` in a time-sorted ring (data lock held): ``(f, last,
+    a)``, offsets from ``first`` of the first and last used samples and of the sample the
+    counter deltas start from (the newest at or before ``s_ns``, else the first used);
+    ``None`` when no sample is at or before ``e_ns``."""
+    if n == 0:
+        return None
+    newest = ring[(first + n - 1) % cap]
+    assert newest is not None
+    if newest.t_ns < s_ns:
+        # A window after the newest sample (a short span between two sampler rounds,
+        # the common case): it uses that sample alone, without a search.
+        return n - 1, n - 1, n - 1
 
     def at(k: int) -> RawSample:
         rec = ring[(first + k) % cap]
@@ -60,7 +62,7 @@ def bisect(
     else:
         return None
     a = lo if (lo < n and at(lo).t_ns == s_ns) or lo == 0 else lo - 1
-    return _Span([at(k) for k in range(f, last + 1)], at(a), at(last), a < last)
+    return f, last, a
 
 
 class _Aggregate(NamedTuple):
@@ -200,12 +202,14 @@ def gpm_means(used: list[RawSample], s_ns: int) -> tuple[int, tuple[float, ...]]
     return valid, tuple(values)
 
 
-def energy(span: _Span, agg: _Aggregate, s_ns: int, e_ns: int) -> tuple[float | None, int]:
-    """Energy over the window: the counter delta scaled to the window when both span
+def energy(
+    pa: RawSample, pb: RawSample, distinct: bool, agg: _Aggregate, s_ns: int, e_ns: int
+) -> tuple[float | None, int]:
+    """Energy over the window: the counter delta from ``pa`` to ``pb`` (the samples the
+    deltas run between; ``distinct``: two ring slots) scaled to the window when both span
     the counter's refresh, else mean power x length; ``(joules, from_counter)``."""
-    pa, pb = span.a, span.b
     if (
-        span.distinct
+        distinct
         and pa.valid & pb.valid & F.F_ENERGY
         and pb.energy_mj >= pa.energy_mj
         and e_ns - s_ns >= F.ENERGY_MIN_SPAN_NS
@@ -250,4 +254,4 @@ _COUNTERS = (
 )
 
 
-__all__ = ["aggregate", "bisect", "counter_deltas", "energy", "gpm_means"]
+__all__ = ["aggregate", "counter_deltas", "energy", "gpm_means", "locate"]

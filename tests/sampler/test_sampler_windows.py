@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from fixtures.sim import Twins
 
 from otelgpu import _impl, sim
-from otelgpu.sampler import BaseGpuSampler
+from otelgpu.sampler import BaseGpuSampler, PyGpuSampler
 
 IDLE_W, MAX_W = 70.0, 690.0
 
@@ -141,3 +142,79 @@ def test_twins_agree_exactly(sim_gpu: sim.SimGpu, twins: Twins) -> None:
             assert py.window(device.uuid, a, b) == native.window(device.uuid, a, b)
     assert py.events(0, 2**62) == native.events(0, 2**62)
     assert len(py.events(0, 2**62)) >= 2
+
+
+def test_pure_window_memo_returns_what_a_fresh_computation_does(sim_gpu: sim.SimGpu) -> None:
+    """The pure core keeps a window's parts, and a summary, by the ring positions they
+    come from; windows that share them (short spans after the newest sample, windows with
+    samples on their start) must come out as a core without memory computes them: energy
+    scaled to each window, lost flags by the window's end, device order as asked."""
+    kept = PyGpuSampler(history_s=2.0, interval_s=0.1)  # 21 slots: the ring wraps
+    fresh = PyGpuSampler(history_s=2.0, interval_s=0.1)  # forgets before every query
+    try:
+        rng = random.Random(11)
+        stamps: list[int] = []
+        uuids = [d.uuid for d in kept.devices]
+        orders = (None, [uuids[1], uuids[0]], [uuids[1]])
+        kept_core: Any = kept._core
+        fresh_core: Any = fresh._core
+
+        class Counting(dict):  # type: ignore[type-arg]
+            hits = 0
+
+            def get(self, key: Any, default: Any = None) -> Any:
+                found = super().get(key, default)
+                Counting.hits += found is not None
+                return found
+
+        kept_core._summary_memo = Counting()
+
+        def forget() -> None:
+            for d in fresh_core._dev:
+                d.memo.clear()
+            fresh_core._summary_memo.clear()
+
+        with_data = 0
+        for k in range(60):
+            if k == 30:
+                sim_gpu.inject("ecc", gpu=0, corrected=3, uncorrected=1)
+            if k == 45:
+                sim_gpu.inject("gpu_lost", gpu=1)
+            stamps.append(sim_gpu.time_ns())
+            kept.sample_once(timestamp_ns=stamps[-1])
+            fresh.sample_once(timestamp_ns=stamps[-1])
+            sim_gpu.advance(0.1)
+            for _ in range(10):
+                newest = stamps[-1]
+                s = rng.choice(
+                    [
+                        newest + rng.randrange(1, 10**8),
+                        rng.choice(stamps),
+                        rng.randrange(stamps[0], newest + 10**8),
+                    ]
+                )
+                e = s + rng.choice([0, 10**6, rng.randrange(0, 5 * 10**8)])
+                for u in uuids:
+                    forget()
+                    expected = fresh.window(u, s, e)
+                    assert kept.window(u, s, e) == expected
+                    with_data += expected is not None
+                for order in orders:
+                    forget()
+                    assert kept.summary(s, e, order) == fresh.summary(s, e, order)
+        assert Counting.hits > 300 and with_data > 600  # the memo was in use, windows had data
+        assert all(len(d.memo) <= 8 for d in kept_core._dev) and len(kept_core._summary_memo) <= 8
+        # An XID 79 between two rounds marks GPU 0 lost (as the XID waiter does): windows
+        # over the same samples are lost only when they end after it.
+        last = kept.latest(uuids[0])
+        assert last is not None
+        lost_t = last.time_ns + 50_000_000
+        with kept_core._data_lock:
+            kept_core._mark_lost(0, lost_t, 79)
+        before = kept.summary(last.time_ns + 1, lost_t - 1, [uuids[0]])
+        after = kept.summary(last.time_ns + 1, lost_t + 1, [uuids[0]])
+        assert before is not None and before.lost == ()
+        assert after is not None and after.lost == (0,)
+    finally:
+        kept.close()
+        fresh.close()

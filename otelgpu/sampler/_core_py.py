@@ -152,8 +152,9 @@ class PyCore:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._loop_failed = False
-        #: Summaries by their devices' window keys and lost flags (see ``summary``).
-        self._summary_memo: dict[tuple[Any, ...], RawSummary] = {}
+        #: Summaries, and the windows with data behind them, by their devices' window keys
+        #: and lost flags, or by ``_after_newest`` keys (see ``summary``).
+        self._summary_memo: dict[tuple[Any, ...], tuple[RawSummary, list[_Piece]]] = {}
         self._init_locks()
         self._reset_counters()
 
@@ -705,27 +706,55 @@ class PyCore:
         order = range(ndev) if devs is None else [i for i in devs if 0 <= i < ndev]
         if e_ns < s_ns:
             return None
-        pieces = [(i, self._piece(i, s_ns, e_ns)) for i in order]
-        key = tuple((i, p.key, p.lost) if p is not None else (i,) for i, p in pieces)
         memo = self._summary_memo
-        raw = memo.get(key)
-        if raw is None:
-            windows = [(i, None if p is None else _raw_window(p, s_ns, e_ns)) for i, p in pieces]
-            raw = summarise(windows, ())
-            if raw is None:
-                return None
-            if len(memo) >= _WINDOW_MEMO:
-                memo.clear()
-            memo[key] = raw
-            with_energy = raw
-        else:
-            with_energy = _with_energy(raw, [p for _, p in pieces if p is not None], s_ns, e_ns)
+        newest = self._after_newest(order, s_ns, e_ns)
+        remembered = None if newest is None else memo.get(newest)
+        if remembered is None:
+            pieces = [(i, self._piece(i, s_ns, e_ns)) for i in order]
+            key = tuple((i, p.key, p.lost) if p is not None else (i,) for i, p in pieces)
+            remembered = memo.get(key)
+            if remembered is None:
+                windows = [(i, p and _raw_window(p, s_ns, e_ns)) for i, p in pieces]
+                fresh = summarise(windows, ())
+                if fresh is None:
+                    return None
+                remembered = (fresh, [p for _, p in pieces if p is not None])
+                self._remember(key, remembered)
+            if newest is not None:
+                self._remember(newest, remembered)
+        raw, with_data = remembered
+        with_energy = _with_energy(raw, with_data, s_ns, e_ns)
         xid_events = self.events(s_ns, e_ns, -1, F.EV_XID)
         if not xid_events:
             return with_energy
         seen = set(raw.devices)
         xids = tuple(sorted({int(e[3]) for e in xid_events if e[1] in seen}))
         return with_energy._replace(xids=xids) if xids else with_energy
+
+    def _remember(self, key: tuple[Any, ...], value: tuple[RawSummary, list[_Piece]]) -> None:
+        memo = self._summary_memo
+        if len(memo) >= _WINDOW_MEMO:
+            memo.clear()  # bounded; windows in use come back at once
+        memo[key] = value
+
+    def _after_newest(self, order: Sequence[int], s_ns: int, e_ns: int) -> tuple[Any, ...] | None:
+        """A summary key for a window that starts after every device's newest sample (each
+        window then uses that sample alone): the devices, their ring heads and lost flags,
+        read in one pass under the data lock. ``None`` for any other window."""
+        cap = self._cap
+        key: list[Any] = [tuple(order)]
+        with self._data_lock:
+            for i in order:
+                d = self._dev[i]
+                head = d.head
+                if not head:
+                    return None
+                newest = d.ring[(head - 1) % cap]
+                if newest is None or newest.t_ns >= s_ns:
+                    return None
+                key.append(head)
+                key.append(d.lost and d.lost_t_ns <= e_ns)
+        return tuple(key)
 
     def events(self, s_ns: int, e_ns: int, dev: int = -1, kind: int = -1) -> list[tuple[int, ...]]:
         """Retained raw events ``(t, dev, kind, code, detail)`` in ``[s_ns, e_ns]``, oldest first.

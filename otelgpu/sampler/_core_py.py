@@ -5,7 +5,8 @@ rules (capability bits, lost devices, derived events) and the same window formul
 in the same order of floating-point operations, so both twins give identical
 ``WindowStats`` for identical samples. Unlike the native core it needs the GIL for
 every sample, so a busy application thread slows it down (the benchmark measures
-by how much).
+by how much); for the same reason its one thread drains XID events in each sampling
+round instead of a second thread waiting for them (``start``).
 
 Raw records are ``RawSample`` named tuples, raw windows ``RawWindow`` (``_records``);
 the native core returns the same types; the window rules live in ``_window_py``. The
@@ -47,6 +48,8 @@ _logger = logging.getLogger(__name__)
 
 
 _ZERO_THROTTLE = (0,) * len(F.THROTTLE_COUNTERS)
+#: Most XID events taken from the event set per sampling round.
+_XID_DRAIN_MAX = 64
 #: Window parts kept per device (see ``_Device.memo``); the memo starts over when full.
 _WINDOW_MEMO = 8
 
@@ -149,6 +152,8 @@ class PyCore:
         self._nvml: Any = None
         self._inited = False
         self._evset: Any = None
+        self._xid_handles: dict[int, int] = {}
+        self._xids_off = False
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._loop_failed = False
@@ -234,15 +239,21 @@ class PyCore:
         return True
 
     def start(self) -> None:
-        """Start the sampling thread (and the XID waiter when events are open)."""
+        """Start the sampling thread; it also drains the XID event set once per round.
+
+        Unlike the native core, no thread waits in ``nvmlEventSetWait``: a Python thread
+        whose wait times out (every ``WAIT_MS``) needs the GIL to wait again, and takes it
+        from an application thread that runs Python -- ten forced hand-overs a second, the
+        largest share of the host's pauses at 50 steps/s. An XID is then seen within one
+        sampling interval of its arrival and stamped when seen.
+        """
         self._stop.clear()
+        self._xid_handles = {
+            _address(d.handle): i for i, d in enumerate(self._dev) if d.handle is not None
+        }
         self._threads = [
             threading.Thread(target=self._loop, name="otelgpu-sampler-py", daemon=True)
         ]
-        if self._evset is not None:
-            self._threads.append(
-                threading.Thread(target=self._waiter, name="otelgpu-xid-py", daemon=True)
-            )
         for t in self._threads:
             t.start()
 
@@ -596,6 +607,7 @@ class PyCore:
             begin = time.monotonic_ns()
             try:
                 self._tick(0, True)
+                self._drain_xids()
             except Exception:  # the thread must survive anything pynvml throws
                 if not self._loop_failed:
                     self._loop_failed = True
@@ -611,20 +623,21 @@ class PyCore:
             if next_t > now:
                 self._stop.wait((next_t - now) / 1e9)
 
-    def _waiter(self) -> None:
-        nv = self._nvml
-        handles = {_address(d.handle): i for i, d in enumerate(self._dev) if d.handle is not None}
-        while not self._stop.is_set() and self._evset is not None:
+    def _drain_xids(self) -> None:
+        """Take the XID events waiting in the event set, without waiting (sampling thread)."""
+        nv, evset = self._nvml, self._evset
+        if evset is None or self._xids_off:
+            return
+        for _ in range(_XID_DRAIN_MAX):
             try:
-                data = nv.nvmlEventSetWait(self._evset, F.WAIT_MS)
-            except nv.NVMLError as exc:
-                if int(exc.value) != F.TIMEOUT_CODE:
-                    self._stop.wait(F.WAIT_MS / 1000)  # never busy-spin on a failing wait
-                continue
-            except Exception:  # e.g. a freed event set: stop waiting, keep sampling
+                data = nv.nvmlEventSetWait(evset, 0)
+            except nv.NVMLError:
+                return  # a timeout: none waits (a lost GPU or a failing wait: next round)
+            except Exception:  # e.g. a freed event set: keep sampling without XIDs
+                self._xids_off = True
                 _logger.warning("otelgpu: XID event wait failed; XIDs off", exc_info=True)
                 return
-            i = handles.get(_address(data.device), -1)
+            i = self._xid_handles.get(_address(data.device), -1)
             if i < 0 or not data.eventType & nv.nvmlEventTypeXidCriticalError:
                 continue
             t, code = self._now(), int(data.eventData)

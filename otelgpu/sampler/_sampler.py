@@ -332,8 +332,9 @@ class BaseGpuSampler:
     def stop(self, timeout_s: float = 2.0) -> bool:
         """Stop sampling (idempotent); True when the threads exited within ``timeout_s``.
 
-        The native loop checks for a stop between devices and the XID waiter waits at
-        most 100 ms at a time, so a stop takes one device's NVML calls at worst.
+        The native loop checks for a stop between devices and its XID waiter waits at
+        most 100 ms at a time (the pure core drains XIDs in its sampling round, without
+        waiting), so a stop takes one device's NVML calls at worst.
         """
         with self._lock:
             self._check_fork()

@@ -10,6 +10,7 @@ name, unit, description, kind, temporality, monotonicity and points.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,11 +90,14 @@ def test_direct_and_sdk_gpu_metrics_are_the_same_on_the_wire(
         sampler.stop()  # only the samples below
         # As the runtime registers its own: with the inventory's device attributes.
         register_gpu_metrics(app.get_meter("sdk-path"), sampler, gpu_inventory(sampler).devices)
+        # GPM metrics need two samples at least 100 ms apart on the sampler's (wall) clock.
         for _ in range(3):
             virtual_sim.advance(0.5)
+            time.sleep(0.11)
             sampler.sample_once()
         virtual_sim.inject("throttle", gpu=1, reason="hw_slowdown", duration_s=5.0)
         virtual_sim.advance(0.5)
+        time.sleep(0.11)
         sampler.sample_once()
         # The same virtual time for both collections: the same windows.
         runtime.pipeline.force_flush()

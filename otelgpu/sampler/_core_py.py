@@ -580,7 +580,12 @@ class PyCore:
             self._mark_lost(i, t, d.last_error)
 
     def _tick(self, t_ns: int, from_loop: bool) -> None:
+        """One sampling round. Its samples (each stamped when taken) are stored together
+        at its end: every NVML call hands the GIL over, so a round of 8 GPUs can stretch
+        over many milliseconds of a busy host, and windows remembered by ring positions
+        (``summary``) would change with each GPU's sample instead of once a round."""
         with self._tick_lock:
+            taken: list[tuple[int, RawSample]] = []
             for i, d in enumerate(self._dev):
                 if from_loop and self._stop.is_set():
                     break
@@ -589,10 +594,10 @@ class PyCore:
                 if lost or not self._inited:
                     continue
                 t = t_ns if t_ns else self._now()
-                s = self._sample_device(d, t)
-                raw = self._raw(t, s)
-                with self._data_lock:
-                    if not d.lost:
+                taken.append((i, self._raw(t, self._sample_device(d, t))))
+            with self._data_lock:
+                for i, raw in taken:
+                    if not self._dev[i].lost:
                         self._push_sample(i, raw)
             self._ticks += 1
 
@@ -608,6 +613,7 @@ class PyCore:
             try:
                 self._tick(0, True)
                 self._drain_xids()
+                self._prewarm()
             except Exception:  # the thread must survive anything pynvml throws
                 if not self._loop_failed:
                     self._loop_failed = True
@@ -622,6 +628,19 @@ class PyCore:
                 next_t += missed * interval
             if next_t > now:
                 self._stop.wait((next_t - now) / 1e9)
+
+    def _prewarm(self) -> None:
+        """Summarise a window after this round's samples (every device) on the sampling
+        thread: the spans that end until the next round find it, and their devices'
+        window parts, remembered, instead of computing them on the application's thread."""
+        cap, newest = self._cap, 0
+        with self._data_lock:
+            for d in self._dev:
+                last = d.ring[(d.head - 1) % cap] if d.head else None
+                if last is not None and last.t_ns > newest:
+                    newest = last.t_ns
+        if newest:
+            self.summary(newest + 1, newest + 1)
 
     def _drain_xids(self) -> None:
         """Take the XID events waiting in the event set, without waiting (sampling thread)."""

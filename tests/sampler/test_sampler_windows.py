@@ -4,6 +4,7 @@ exact agreement of the two twins on the same samples."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -218,3 +219,29 @@ def test_pure_window_memo_returns_what_a_fresh_computation_does(sim_gpu: sim.Sim
     finally:
         kept.close()
         fresh.close()
+
+
+def test_pure_sampling_round_leaves_the_next_windows_summary_ready(sim_gpu: sim.SimGpu) -> None:
+    """The pure sampling thread summarises a window after each round (``_prewarm``): the
+    next span's summary is found remembered, and equals one computed afresh."""
+    sampler = PyGpuSampler(interval_s=0.02)
+    try:
+        core: Any = sampler._core
+        sampler.start()
+        deadline = time.monotonic() + 5
+        while len(core._summary_memo) == 0 or sampler.stats().ticks < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sampler.stop()
+        newest = max(s.time_ns for d in sampler.devices if (s := sampler.latest(d.uuid)))
+        start, end = newest + 1_000, newest + 2_000_000
+        key = core._after_newest(range(len(core._dev)), start, end)
+        assert key in core._summary_memo  # left by the thread's last round
+        remembered = sampler.summary(start, end)
+        for d in core._dev:
+            d.memo.clear()
+        core._summary_memo.clear()
+        assert remembered is not None and remembered == sampler.summary(start, end)
+        assert remembered.n_devices == len(sampler.devices) and remembered.energy_j > 0
+    finally:
+        sampler.close()

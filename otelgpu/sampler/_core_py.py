@@ -50,8 +50,9 @@ _logger = logging.getLogger(__name__)
 _ZERO_THROTTLE = (0,) * len(F.THROTTLE_COUNTERS)
 #: Most XID events taken from the event set per sampling round.
 _XID_DRAIN_MAX = 64
-#: Window parts kept per device (see ``_Device.memo``); the memo starts over when full.
-_WINDOW_MEMO = 8
+#: Window parts kept per device (``_Device.memo``), and summaries kept per core; the
+#: oldest goes first. A sampling round adds about three of each (``_prewarm``, spans).
+_MEMO_SIZE = 32
 
 
 class _Device:
@@ -612,8 +613,8 @@ class PyCore:
             begin = time.monotonic_ns()
             try:
                 self._tick(0, True)
+                self._prewarm()  # before any NVML call hands the GIL to a span's end
                 self._drain_xids()
-                self._prewarm()
             except Exception:  # the thread must survive anything pynvml throws
                 if not self._loop_failed:
                     self._loop_failed = True
@@ -630,17 +631,31 @@ class PyCore:
                 self._stop.wait((next_t - now) / 1e9)
 
     def _prewarm(self) -> None:
-        """Summarise a window after this round's samples (every device) on the sampling
-        thread: the spans that end until the next round find it, and their devices'
-        window parts, remembered, instead of computing them on the application's thread."""
-        cap, newest = self._cap, 0
+        """Summarise, on the sampling thread, the windows the next spans most likely have:
+        one after this round's samples (a short request between two rounds) and one that
+        starts between the previous round and this one and ends after it (a step that
+        spans this round). Those spans then find their summary, and their devices' window
+        parts, remembered instead of computing them on the application's thread."""
+        cap = self._cap
+        newest = prev = 0
+        first_newest = None
         with self._data_lock:
             for d in self._dev:
-                last = d.ring[(d.head - 1) % cap] if d.head else None
-                if last is not None and last.t_ns > newest:
-                    newest = last.t_ns
-        if newest:
-            self.summary(newest + 1, newest + 1)
+                if not d.head:
+                    continue
+                last = d.ring[(d.head - 1) % cap]
+                before = d.ring[(d.head - 2) % cap] if d.head > 1 else None
+                if last is None:
+                    continue
+                newest = max(newest, last.t_ns)
+                first_newest = min(first_newest or last.t_ns, last.t_ns)
+                if before is not None:
+                    prev = max(prev, before.t_ns)
+        if not newest:
+            return
+        self.summary(newest + 1, newest + 1)
+        if prev and first_newest is not None and prev + 1 < first_newest:
+            self.summary(prev + 1, newest + 1)
 
     def _drain_xids(self) -> None:
         """Take the XID events waiting in the event set, without waiting (sampling thread)."""
@@ -720,9 +735,7 @@ class PyCore:
         # The records are immutable tuples: aggregate outside the lock.
         if parts is None:
             parts = (W.aggregate(used), *W.gpm_means(used, s_ns), W.counter_deltas(pa, pb))
-            if len(memo) >= _WINDOW_MEMO:
-                memo.clear()
-            memo[key] = parts
+            _put(memo, key, parts)
         return _Piece(key, lost, last - f + 1, pa, pb, a < last, parts)
 
     def summary(self, s_ns: int, e_ns: int, devs: Sequence[int] | None = None) -> RawSummary | None:
@@ -764,10 +777,7 @@ class PyCore:
         return with_energy._replace(xids=xids) if xids else with_energy
 
     def _remember(self, key: tuple[Any, ...], value: tuple[RawSummary, list[_Piece]]) -> None:
-        memo = self._summary_memo
-        if len(memo) >= _WINDOW_MEMO:
-            memo.clear()  # bounded; windows in use come back at once
-        memo[key] = value
+        _put(self._summary_memo, key, value)
 
     def _after_newest(self, order: Sequence[int], s_ns: int, e_ns: int) -> tuple[Any, ...] | None:
         """A summary key for a window that starts after every device's newest sample (each
@@ -889,6 +899,17 @@ def _with_energy(raw: RawSummary, pieces: list[_Piece], s_ns: int, e_ns: int) ->
     if not any_energy:
         energy, from_counter = 0.0, 0
     return raw._replace(valid=valid, energy_j=energy, energy_from_counter=from_counter)
+
+
+def _put(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    """``memo[key] = value``, the oldest entry dropped first past ``_MEMO_SIZE``. Threads
+    may race here (the GIL keeps each dict operation whole): a lost race empties it."""
+    if len(memo) >= _MEMO_SIZE:
+        try:
+            del memo[next(iter(memo))]
+        except (KeyError, RuntimeError, StopIteration):
+            memo.clear()
+    memo[key] = value
 
 
 def _gpm_code(code: int) -> int:

@@ -204,7 +204,7 @@ def test_pure_window_memo_returns_what_a_fresh_computation_does(sim_gpu: sim.Sim
                     forget()
                     assert kept.summary(s, e, order) == fresh.summary(s, e, order)
         assert Counting.hits > 100 and with_data > 600  # the memo was in use, windows had data
-        assert all(len(d.memo) <= 8 for d in kept_core._dev) and len(kept_core._summary_memo) <= 8
+        assert all(len(d.memo) <= 32 for d in kept_core._dev) and len(kept_core._summary_memo) <= 32
         # An XID 79 between two rounds marks GPU 0 lost (as the XID waiter does): windows
         # over the same samples are lost only when they end after it.
         last = kept.latest(uuids[0])

@@ -150,13 +150,18 @@ def test_the_export_thread_sleeps_until_a_batch_or_the_schedule_delay(otlp_recei
         exporter, stats=stats, schedule_delay_s=30.0, max_export_batch_size=200
     )
     cpu = time.pthread_getcpuclockid(processor._thread.ident or 0)
-    idle = time.clock_gettime_ns(cpu)
-    for _ in range(100):  # the thread's start-up done: it waits for its schedule
+    # The thread's start-up done: it has run, and its CPU clock stood still for 5
+    # readings in a row (one steady reading can come before a late start on a loaded
+    # machine).
+    idle, steady = time.clock_gettime_ns(cpu), 0
+    for _ in range(250):
         time.sleep(0.02)
         now = time.clock_gettime_ns(cpu)
-        if now == idle:
+        steady = steady + 1 if now == idle and now > 0 else 0
+        if steady >= 5:
             break
         idle = now
+    assert steady >= 5
     tp = TracerProvider(shutdown_on_exit=False)
     tp.add_span_processor(processor)
     tracer = tp.get_tracer("t")

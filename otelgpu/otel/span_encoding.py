@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from otelgpu import _impl
+from otelgpu.otel import slicing
 
 _logger = logging.getLogger("otelgpu")
 
@@ -298,13 +299,35 @@ def _scope(scope: Any) -> bytes:
     return encoded
 
 
+#: Spans framed between two :func:`otelgpu.otel.slicing.tick` calls while a batch is
+#: grouped and assembled (a batch of 512 is ~1-2 ms of Python on the export thread).
+TICK_EVERY = 64
+
+
 def group(encoded: Iterable[tuple[Any, Any]]) -> list[tuple[Any, dict[Any, list[Any]]]]:
     """``(span, item)`` pairs grouped by resource then instrumentation scope, in order of
     first appearance (as the SDK groups them): ``[(resource, {scope: [item, ...]})]``."""
+    pairs = encoded if isinstance(encoded, list) else list(encoded)
+    if not pairs:
+        return []
+    tick = slicing.tick
+    # The usual batch: every span from one provider and one tracer (checked by identity).
+    first = pairs[0][0]
+    resource, scope = first.resource, first.instrumentation_scope
+    for k in range(0, len(pairs), TICK_EVERY):
+        for span, _ in pairs[k : k + TICK_EVERY]:
+            if span.resource is not resource or span.instrumentation_scope is not scope:
+                return _group_mixed(pairs)
+        tick()
+    return [(resource, {scope or None: [item for _, item in pairs]})]
+
+
+def _group_mixed(pairs: list[tuple[Any, Any]]) -> list[tuple[Any, dict[Any, list[Any]]]]:
     # Group by resource identity first: an SDK Resource hashes by JSON-dumping its
     # attributes (tens of µs). Equal but distinct resources are merged afterwards.
+    tick = slicing.tick
     by_id: dict[int, tuple[Any, dict[Any, list[Any]]]] = {}
-    for span, item in encoded:
+    for n, (span, item) in enumerate(pairs, 1):
         resource = span.resource
         entry = by_id.get(id(resource))
         if entry is None:
@@ -315,6 +338,8 @@ def group(encoded: Iterable[tuple[Any, Any]]) -> list[tuple[Any, dict[Any, list[
         if items is None:
             items = scopes[scope] = []
         items.append(item)
+        if n % TICK_EVERY == 0:
+            tick()
     groups: list[tuple[Any, dict[Any, list[Any]]]] = []
     for resource, scopes in by_id.values():
         for known, known_scopes in groups:
@@ -329,20 +354,42 @@ def group(encoded: Iterable[tuple[Any, Any]]) -> list[tuple[Any, dict[Any, list[
 
 def assemble(encoded: Iterable[tuple[Any, bytes]]) -> bytes:
     """An ``ExportTraceServiceRequest`` of ``(span, encode_span(span))`` pairs, grouped by
-    resource then instrumentation scope in order of first appearance (as the SDK does)."""
-    out = []
+    resource then instrumentation scope in order of first appearance (as the SDK does).
+
+    The request is written with one join of its pieces (the nested messages' lengths are
+    summed, not measured on copies: each copy of a large request is a C call holding the
+    GIL, page faults included). On a background thread it hands the GIL back
+    (``slicing.tick``) every :data:`TICK_EVERY` spans once its slice is used up."""
+    tick = slicing.tick
+    out: list[bytes] = []
     for resource, scopes in group(encoded):
-        rs = [_ld(b"\x0a", _resource(resource))]
+        head = _ld(b"\x0a", _resource(resource))
+        rs, rs_len = [head], len(head)
         for scope, bodies in scopes.items():
-            ss = [_ld(b"\x0a", _scope(scope))]
-            ss += [_ld(b"\x12", body) for body in bodies]
+            head = _ld(b"\x0a", _scope(scope))
+            ss, ss_len = [head], len(head)
+            for k in range(0, len(bodies), TICK_EVERY):
+                for body in bodies[k : k + TICK_EVERY]:
+                    n = len(body)
+                    head = b"\x12" + (_SMALL[n] if n < 128 else _varint(n))
+                    ss += (head, body)
+                    ss_len += len(head) + n
+                tick()
             schema = scope.schema_url if scope is not None else ""
             if schema:
-                ss.append(_ld(b"\x1a", schema.encode("utf-8")))
-            rs.append(_ld(b"\x12", b"".join(ss)))
+                tail = _ld(b"\x1a", schema.encode("utf-8"))
+                ss.append(tail)
+                ss_len += len(tail)
+            head = b"\x12" + _varint(ss_len)
+            rs.append(head)
+            rs += ss
+            rs_len += len(head) + ss_len
         if resource.schema_url:
-            rs.append(_ld(b"\x1a", resource.schema_url.encode("utf-8")))
-        out.append(_ld(b"\x0a", b"".join(rs)))
+            tail = _ld(b"\x1a", resource.schema_url.encode("utf-8"))
+            rs.append(tail)
+            rs_len += len(tail)
+        out.append(b"\x0a" + _varint(rs_len))
+        out += rs
     return b"".join(out)
 
 

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from otelgpu.nvml import NvmlUnavailableError, pynvml_init
 from otelgpu.sampler import _fields as F
 from otelgpu.sampler import _window_py as W
+from otelgpu.sampler._nvml_requests import FieldRequest, GpmRequest
 from otelgpu.sampler._records import (
     NGPM,
     RAW_SAMPLE_FIELDS,
@@ -48,6 +49,31 @@ _logger = logging.getLogger(__name__)
 
 
 _ZERO_THROTTLE = (0,) * len(F.THROTTLE_COUNTERS)
+
+# Where each FIELD_TABLE value goes in a sample: (kind, key or index), kinds below.
+_SLOT_VALUE, _SLOT_KIB, _SLOT_THROTTLE, _SLOT_REMAP = range(4)
+_FIELD_KEYS = {
+    F.F_ENERGY: (_SLOT_VALUE, "energy_mj"),
+    F.F_ECC_CORR: (_SLOT_VALUE, "ecc_corr"),
+    F.F_ECC_UNCORR: (_SLOT_VALUE, "ecc_uncorr"),
+    F.F_PCIE_TX: (_SLOT_VALUE, "pcie_tx"),
+    F.F_PCIE_RX: (_SLOT_VALUE, "pcie_rx"),
+    F.F_NVLINK_TX: (_SLOT_KIB, "nvlink_tx"),  # NVML counts NVLink traffic in KiB
+    F.F_NVLINK_RX: (_SLOT_KIB, "nvlink_rx"),
+    F.F_MEM_TEMP: (_SLOT_VALUE, "mem_temp_c"),
+    F.F_PCIE_REPLAY: (_SLOT_VALUE, "pcie_replay"),
+}
+
+
+def _field_slot(fid: int, bit: int) -> tuple[int, Any]:
+    if bit in _FIELD_KEYS:
+        return _FIELD_KEYS[bit]
+    if bit == F.F_REMAP:
+        return (_SLOT_REMAP, fid - F.REMAP_FIRST_FIELD)
+    return (_SLOT_THROTTLE, (bit // F.F_THR0).bit_length() - 1)
+
+
+_FIELD_SLOTS = tuple((row, _field_slot(row[0], row[2])) for row in F.FIELD_TABLE)
 #: Most XID events taken from the event set per sampling round.
 _XID_DRAIN_MAX = 64
 #: Window parts kept per device (``_Device.memo``), and summaries kept per core; the
@@ -60,11 +86,14 @@ class _Device:
         "caps",
         "disabled",
         "errors",
+        "field_plan",
+        "field_request",
         "gpm_caps",
         "gpm_cur",
         "gpm_have_prev",
         "gpm_mg",
         "gpm_prev_t",
+        "gpm_request",
         "gpm_sample",
         "handle",
         "have_prev_ecc",
@@ -110,6 +139,11 @@ class _Device:
         self.gpm_have_prev = False
         self.gpm_prev_t = 0
         self.gpm_caps = F.GPM_ALL
+        # Reusable NVML requests (_nvml_requests), built at first use; the field plan is
+        # (caps, FIELD_TABLE rows still on with their slots, their (id, scope) pairs).
+        self.field_plan: tuple[int, list[Any], list[tuple[int, int]]] | None = None
+        self.field_request: FieldRequest | None = None
+        self.gpm_request: GpmRequest | None = None
 
 
 class _Sample:
@@ -417,6 +451,7 @@ class PyCore:
             mg = nv.c_nvmlGpmMetricsGet_t()
             mg.version = nv.NVML_GPM_METRICS_GET_VERSION
             d.gpm_mg, d.gpm_cur, d.gpm_have_prev = mg, 0, False
+            d.gpm_request = None  # new samples: a request is built for them
         if probing:
             return
         if d.gpm_have_prev and t_ns > d.gpm_prev_t and t_ns - d.gpm_prev_t < F.GPM_MIN_INTERVAL_NS:
@@ -433,24 +468,17 @@ class PyCore:
 
     def _gpm_metrics(self, d: _Device, s: _Sample, t_ns: int) -> None:
         nv = self._nvml
-        mg = d.gpm_mg
-        mg.sample1, mg.sample2 = d.gpm_sample[1 - d.gpm_cur], d.gpm_sample[d.gpm_cur]
         idx = [k for k in range(NGPM) if d.gpm_caps & (1 << k)]
-        for j, k in enumerate(idx):
-            mg.metrics[j].metricId = F.GPM_IDS[k]
-        mg.numMetrics = len(idx)
         try:
-            nv.nvmlGpmMetricsGet(mg)
+            got = self._gpm_get(d, idx)
         except nv.NVMLError as exc:
             self._check(d, s, F.F_GPM, int(exc.value))
             return
         values = list(ZERO_GPM)
         valid = 0
-        for j, k in enumerate(idx):
-            m = mg.metrics[j]
-            code = int(m.nvmlReturn)
+        for k, (code, value) in zip(idx, got, strict=False):
             if code == 0:
-                values[k] = float(m.value)
+                values[k] = float(value)
                 valid |= 1 << k
             elif code == 3:
                 d.gpm_caps &= ~(1 << k)  # e.g. NVLink rates on a PCIe card
@@ -463,51 +491,81 @@ class PyCore:
             s.values["gpm"], s.values["gpm_valid"] = tuple(values), valid
             s.values["gpm_dt_ns"] = t_ns - d.gpm_prev_t
 
+    def _gpm_get(self, d: _Device, idx: list[int]) -> list[tuple[int, float]]:
+        """``(nvmlReturn, value)`` of the GPM metrics ``idx`` between the device's two
+        samples (the newer one ``gpm_cur``): its reusable request (``_nvml_requests``),
+        rebuilt when the metric set changes; else the pynvml structure filled here."""
+        ids = tuple(F.GPM_IDS[k] for k in idx)
+        req = d.gpm_request
+        if req is None or req.ids != ids:
+            try:
+                req = d.gpm_request = GpmRequest(self._nvml, d.gpm_sample, ids)
+            except (AttributeError, ValueError, TypeError):
+                return self._gpm_get_slow(d, ids)
+        return req.get(d.gpm_cur)
+
+    def _gpm_get_slow(self, d: _Device, ids: tuple[int, ...]) -> list[tuple[int, float]]:
+        mg = d.gpm_mg
+        mg.sample1, mg.sample2 = d.gpm_sample[1 - d.gpm_cur], d.gpm_sample[d.gpm_cur]
+        for j, mid in enumerate(ids):
+            mg.metrics[j].metricId = mid
+        mg.numMetrics = len(ids)
+        self._nvml.nvmlGpmMetricsGet(mg)
+        return [(int(mg.metrics[j].nvmlReturn), mg.metrics[j].value) for j in range(len(ids))]
+
     def _read_fields(self, d: _Device, s: _Sample) -> None:
-        requests = [(fid, scope, bit) for fid, scope, bit in F.FIELD_TABLE if d.caps & bit]
-        if not requests or s.status == F.STATUS_LOST:
+        plan = d.field_plan
+        if plan is None or plan[0] != d.caps:  # the fields still on changed: a new plan
+            entries = [(row, slot) for row, slot in _FIELD_SLOTS if d.caps & row[2]]
+            plan = d.field_plan = (d.caps, entries, [(f, sc) for (f, sc, _), _ in entries])
+        entries = plan[1]
+        if not entries or s.status == F.STATUS_LOST:
             return
         nv = self._nvml
         try:
-            values = nv.nvmlDeviceGetFieldValues(d.handle, [(f, sc) for f, sc, _ in requests])
+            values = self._field_values(d, plan[2])
         except nv.NVMLError as exc:
             all_bits = 0
-            for _, _, bit in requests:
+            for (_, _, bit), _slot in entries:
                 all_bits |= bit
             self._check(d, s, all_bits, int(exc.value))
             return
         throttle = list(_ZERO_THROTTLE)
         remap = list(ZERO_REMAP)
-        for (fid, _scope, bit), fv in zip(requests, values, strict=False):
-            if fv.nvmlReturn != 0:
-                self._check(d, s, bit, int(fv.nvmlReturn))
+        out = s.values
+        valid = 0
+        for ((_fid, _scope, bit), (kind, arg)), (code, value) in zip(entries, values, strict=False):
+            if code != 0:
+                self._check(d, s, bit, code)
                 continue
-            s.valid |= bit
-            value = _field_u64(fv)
-            if bit == F.F_ENERGY:
-                s.values["energy_mj"] = value
-            elif bit == F.F_ECC_CORR:
-                s.values["ecc_corr"] = value
-            elif bit == F.F_ECC_UNCORR:
-                s.values["ecc_uncorr"] = value
-            elif bit == F.F_PCIE_TX:
-                s.values["pcie_tx"] = value
-            elif bit == F.F_PCIE_RX:
-                s.values["pcie_rx"] = value
-            elif bit == F.F_NVLINK_TX:
-                s.values["nvlink_tx"] = value * 1024
-            elif bit == F.F_NVLINK_RX:
-                s.values["nvlink_rx"] = value * 1024
-            elif bit == F.F_MEM_TEMP:
-                s.values["mem_temp_c"] = value
-            elif bit == F.F_PCIE_REPLAY:
-                s.values["pcie_replay"] = value
-            elif bit == F.F_REMAP:
-                remap[fid - F.REMAP_FIRST_FIELD] = value
+            valid |= bit
+            if kind == _SLOT_VALUE:
+                out[arg] = value
+            elif kind == _SLOT_KIB:
+                out[arg] = value * 1024
+            elif kind == _SLOT_THROTTLE:
+                throttle[arg] = value
             else:
-                throttle[(bit // F.F_THR0).bit_length() - 1] = value
-        s.values["throttle_ns"] = tuple(throttle)
-        s.values["remap"] = tuple(remap)
+                remap[arg] = value
+        s.valid |= valid
+        out["throttle_ns"] = tuple(throttle)
+        out["remap"] = tuple(remap)
+
+    def _field_values(self, d: _Device, fields: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``(nvmlReturn, value)`` of each field: the device's reusable request
+        (``_nvml_requests``), rebuilt when its field set changes; pynvml's public call
+        where that request cannot be built (another pynvml layout)."""
+        req = d.field_request
+        if req is None or req.fields != tuple(fields):
+            try:
+                req = d.field_request = FieldRequest(self._nvml, fields)
+            except (AttributeError, ValueError, TypeError):
+                values = self._nvml.nvmlDeviceGetFieldValues(d.handle, fields)
+                return [
+                    (int(fv.nvmlReturn), _field_u64(fv) if fv.nvmlReturn == 0 else 0)
+                    for fv in values
+                ]
+        return req.read(d.handle)
 
     def _raw(self, t_ns: int, s: _Sample) -> RawSample:
         v = s.values

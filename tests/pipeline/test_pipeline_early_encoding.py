@@ -294,3 +294,43 @@ def test_a_wake_sends_what_waits_and_leaves_a_partial_tail_for_the_next(
     assert sorted(delivered()) == sorted(f"s{i}" for i in range(32))
     assert stats.dropped() == {}
     tp.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["grpc", "recording"])
+def test_large_spans_go_out_in_requests_bounded_by_size(
+    otlp_receiver: Any, tmp_path: Path, kind: str
+) -> None:
+    """A batch of large spans is cut into requests of about ``ENCODED_BYTES``: building and
+    handing over a request are C calls that hold the GIL for its whole size. Every span
+    arrives once, in order."""
+    stats = InternalStats()
+    guarded = GuardedSpanExporter(
+        EncodedSpanExporter(_exporter(kind, otlp_receiver, tmp_path)), stats
+    )
+    processor = proc.BoundedBatchSpanProcessor(
+        guarded, stats=stats, schedule_delay_s=30.0, max_export_batch_size=10_000
+    )
+    tp = TracerProvider(resource=Resource.create({"service.name": "big"}), shutdown_on_exit=False)
+    tp.add_span_processor(processor)
+    tracer = tp.get_tracer("lib")
+    blob = "x" * 4000
+    n = 120  # ~480 KB of spans: at least 4 requests
+    for i in range(n):
+        with tracer.start_as_current_span(f"s{i}", attributes={"blob": blob, "i": i}):
+            pass
+    assert processor.force_flush(10_000)
+    if kind == "recording":
+        requests = list(read_recording(tmp_path / "r.otlp.jsonl"))
+    else:
+        requests = otlp_receiver.requests("traces")
+    per_request = [
+        [span.name for rs in r.resource_spans for ss in rs.scope_spans for span in ss.spans]
+        for r in requests
+    ]
+    assert [name for names in per_request for name in names] == [f"s{i}" for i in range(n)]
+    span_bytes = 4000 * n / sum(len(names) for names in per_request)
+    most = proc.ENCODED_BYTES / span_bytes + 1  # a request closes once it reaches the size
+    assert len(per_request) >= 4
+    assert all(len(names) <= most for names in per_request), [len(x) for x in per_request]
+    assert stats.dropped() == {}
+    tp.shutdown()

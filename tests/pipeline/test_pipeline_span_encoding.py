@@ -104,6 +104,27 @@ def test_pipeline_encoder_matches_sdk_on_varied_spans(span_encoder: Any) -> None
     _same(_varied_spans())
 
 
+def test_pipeline_encoder_matches_sdk_on_large_batches(span_encoder: Any) -> None:
+    """Batches longer than the grouping's slice (``TICK_EVERY``): one resource and scope
+    (the usual batch, grouped by identity), then the same with one span of another
+    scope last and one of another resource first (grouped span by span)."""
+    tp, exporter = _provider()
+    tracer = tp.get_tracer("lib.a", "1.0", schema_url="https://opentelemetry.io/schemas/1.21")
+    n = span_encoding.TICK_EVERY * 3 + 5
+    for i in range(n):
+        with tracer.start_as_current_span(f"s{i}", attributes={"i": i, "blob": "y" * (i % 200)}):
+            pass
+    spans = list(exporter.get_finished_spans())
+    _same(spans)
+    with tp.get_tracer("lib.b").start_as_current_span("other scope"):
+        pass
+    _same(list(exporter.get_finished_spans()))
+    other, other_exporter = _provider(Resource.create({"service.name": "other"}))
+    with other.get_tracer("lib.a").start_as_current_span("other resource"):
+        pass
+    _same(list(other_exporter.get_finished_spans()) + list(exporter.get_finished_spans()))
+
+
 def test_pipeline_encoder_matches_sdk_twice_with_caches_warm(span_encoder: Any) -> None:
     spans = _varied_spans()
     _same(spans)

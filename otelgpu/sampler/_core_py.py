@@ -130,7 +130,7 @@ class _Device:
         self.head = 0
         # Window parts (aggregate, GPM means, counter deltas) by the ring positions they
         # come from: back-to-back short spans between two sampler rounds share them.
-        self.memo: dict[tuple[int, int, int, int], Any] = {}
+        self.memo: dict[tuple[int, ...], Any] = {}
         self.off_code = [0] * 32
         # GPM: two samples used alternately, a reusable metrics request, metrics still on.
         self.gpm_sample: list[Any] = [None, None]
@@ -788,11 +788,23 @@ class PyCore:
             memo = d.memo
             parts = memo.get(key)
             if parts is None:
-                used = [ring[(first + k) % cap] for k in range(f, last + 1)]  # type: ignore[misc]
+                # The gauges' parts depend on the used samples alone, the counter deltas on
+                # the two samples they run between: windows that share either (a short
+                # window after a round and one straddling it) share that part.
+                gauges = memo.get(key[:2] + key[3:])
+                deltas = memo.get((key[2], key[1]))
+                if gauges is None:
+                    used = [ring[(first + k) % cap] for k in range(f, last + 1)]  # type: ignore[misc]
             lost = 1 if d.lost and d.lost_t_ns <= e_ns else 0
         # The records are immutable tuples: aggregate outside the lock.
         if parts is None:
-            parts = (W.aggregate(used), *W.gpm_means(used, s_ns), W.counter_deltas(pa, pb))
+            if gauges is None:
+                gauges = (W.aggregate(used), *W.gpm_means(used, s_ns))
+                _put(memo, key[:2] + key[3:], gauges)
+            if deltas is None:
+                deltas = W.counter_deltas(pa, pb)
+                _put(memo, (key[2], key[1]), deltas)
+            parts = (*gauges, deltas)
             _put(memo, key, parts)
         return _Piece(key, lost, last - f + 1, pa, pb, a < last, parts)
 

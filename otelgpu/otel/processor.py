@@ -25,10 +25,9 @@ The host never waits long for the export thread: with an exporter that takes
 pre-encoded batches (``otelgpu.otel.fast_export``), spans are encoded one by one
 (``otelgpu.otel.span_encoding``) and the thread gives the GIL back
 (``otelgpu.otel.slicing.pause``) after every ``SLICE_S`` of encoding and after every
-request; requests carry at most ``ENCODED_BATCH`` spans and close at ``ENCODED_BYTES``,
-so no single C call (assembling, serialising, sending) holds the GIL for long either.
-Without it (console, a user's exporter), batches are exported as the SDK's processor
-would.
+request; requests carry at most ``ENCODED_BATCH`` spans, so no single C call (parsing,
+serialising, sending) holds the GIL for long either. Without it (console, a user's
+exporter), batches are exported as the SDK's processor would.
 
 Spans are encoded at once, on the thread that ends them, when the encoding is compact
 (OTLP protobuf bytes, written natively: ~5 µs for a request span with 26 attributes; the
@@ -66,10 +65,6 @@ from otelgpu.otel.tail_sampling import StepSpanSampler
 SLICE_S, YIELD_S = slicing.SLICE_S, slicing.YIELD_S
 #: Most spans per pre-encoded request.
 ENCODED_BATCH = 512
-#: A pre-encoded request is closed once its spans reach this size (bytes of protobuf,
-#: characters of JSON): building and handing over a request are C calls that hold the
-#: GIL for its whole size (512 spans with 8 GPUs' context are ~1 MiB: ~2 ms).
-ENCODED_BYTES = 128 * 1024
 #: Spans waiting (queued or encoded, not sent) at which the export thread counts as
 #: falling behind, as a share of the queue's capacity: span ends then hand it the GIL
 #: (see ``on_end``).
@@ -302,24 +297,14 @@ class BoundedBatchSpanProcessor(SpanProcessor):
                 break  # the tail waits for the next wake (module docstring)
             first = False
             ready = self._ready
-            # One batch (ENCODED_BATCH spans at most), sent as requests of ENCODED_BYTES.
-            owed = min(ENCODED_BATCH, len(ready))
-            while owed > 0 and ready:
-                chunk = [ready.popleft()]
-                size = len(chunk[0][1])
-                owed -= 1
-                while owed > 0 and ready and size < ENCODED_BYTES:
-                    item = ready.popleft()
-                    chunk.append(item)
-                    size += len(item[1])
-                    owed -= 1
-                # Assembling and sending (a C call that may hold the GIL) start a new
-                # slice if encoding used this one up.
-                slicing.tick()
-                if not self._send(chunk, ready=True):
-                    ok = False
-                if self._ready or self._queue:
-                    slicing.pause()
+            chunk = [ready.popleft() for _ in range(min(ENCODED_BATCH, len(ready)))]
+            # Assembling and sending (a C call that may hold the GIL) start a new slice
+            # if encoding used this one up.
+            slicing.tick()
+            if not self._send(chunk, ready=True):
+                ok = False
+            if self._ready or self._queue:
+                slicing.pause()
         return ok
 
     def _encode_queue(self) -> None:

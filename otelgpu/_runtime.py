@@ -123,6 +123,8 @@ class Runtime:
             self.stats,
             work,
             step_sampler=pipeline.step_sampler if own_spans and pipeline is not None else None,
+            # the sampler publishes an event within a round of stamping it: two intervals
+            held_horizon_ns=2 * settings.sample_interval_ms * 1_000_000 + 250_000_000,
         )
         self.steps = StepRecorder(parts)
         self.requests = RequestRecorder(
@@ -266,6 +268,7 @@ class Runtime:
     def force_flush(self, timeout_millis: int = 10_000) -> None:
         """Export everything recorded so far (spans and a metric collection)."""
         self.deferred.drain()
+        self.steps.settle()
         if self.pipeline is not None:
             self.pipeline.force_flush(timeout_millis)
 
@@ -282,6 +285,7 @@ class Runtime:
             self.poll_health()
         except Exception as exc:  # noqa: BLE001
             self.report_error("gpu health", exc)
+        self.steps.settle()
         if self.pipeline is not None:
             self.pipeline.shutdown()
         self.sketches.disable()
@@ -303,6 +307,7 @@ class Runtime:
         """
         self._lock = threading.Lock()
         self.health.after_fork_in_child()
+        self.steps.after_fork_in_child()
         self._closed = True
         self.sampler = None
         self.sketches.after_fork_in_child()

@@ -238,6 +238,8 @@ LOCAL_RANK`` so the ranks of one node never clash (rank 0 on 9464, rank 1 on 946
 OTELGPU_STEP_SPANS_PER_SECOND = "OTELGPU_STEP_SPANS_PER_SECOND"
 """Most ordinary ``otelgpu.train.step`` spans exported per second (default 100; ``0``: all).
 Failed steps, slow steps (over twice the running mean) and steps with a GPU health event
-or flag are always exported; above the budget 1 in N of the rest are, evenly spaced.
+or flag are always exported (also when the sampler publishes the event after the step was
+decided: sampled-out steps are held about two sampling intervals for it); above the budget
+1 in N of the rest are, evenly spaced.
 Metrics are exact regardless; sampled-out spans count in ``otelgpu.internal.dropped``
 (reason ``tail_sampled``)."""

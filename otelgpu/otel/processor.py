@@ -156,8 +156,10 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if self._stopped or not (span.context and span.context.trace_flags.sampled):
             return
-        if not self._sampler.keep(span):
-            self._stats.add_dropped("traces", "tail_sampled")
+        sampler = self._sampler
+        if not sampler.keep(span):
+            if not sampler.decided_upstream(span):  # the step recorder counts its own
+                self._stats.add_dropped("traces", "tail_sampled")
             return
         if len(self._queue) + len(self._ready) >= self._max_queue_size:
             self._stats.add_dropped("traces", "queue_full")

@@ -13,9 +13,11 @@ step is known then), whether the span is exported:
   with N = rate / ``per_second``.
 
 Only spans named ``otelgpu.train.step`` are sampled (requests and everything else pass).
-Metrics are recorded before any of this and stay exact. A sampled-out span is counted in
-``otelgpu.internal.dropped`` with reason ``tail_sampled``. Thread-safe (one short lock);
-``per_second = 0`` keeps every span.
+Metrics are recorded before any of this and stay exact. A step never exported is counted
+once in ``otelgpu.internal.dropped`` with reason ``tail_sampled`` (by the step recorder for
+the steps it decided -- after holding them a short while for a GPU health event published
+late, ``runtime.held_steps`` -- by the processor for the others). Thread-safe (one short
+lock); ``per_second = 0`` keeps every span.
 
 One sampler serves a pipeline (all its span processors): the step recorder decides
 *before* it builds a step span's attributes (:meth:`StepSpanSampler.decide`; a step
@@ -98,6 +100,14 @@ class StepSpanSampler:
     def forget(self, span_id: int) -> None:
         """Drop the upstream decision on a span that has ended."""
         self._decided.pop(span_id, None)
+
+    def decided_upstream(self, span: Any) -> bool:
+        """Whether the step recorder decided ``span`` (it counts the steps it samples out;
+        a processor counts only those it decided itself). Never raises."""
+        try:
+            return span.context.span_id in self._decided
+        except Exception:  # noqa: BLE001
+            return False
 
     def keep(self, span: Any) -> bool:
         """Whether to export ``span`` (an SDK ``ReadableSpan``). Never raises."""

@@ -92,6 +92,20 @@ class GpuContext:
             events = [e for e in events if getattr(e, "uuid", None) in wanted]
         return attributes, events
 
+    def event_count(self) -> int:
+        """How many GPU health events the sampler ever published (0 without a sampler, or
+        one that cannot tell): read per step, a change means events to look at."""
+        sampler = self.sampler
+        if sampler is None:
+            return 0
+        try:
+            return int(sampler.event_count())
+        except AttributeError:  # a sampler without the count: nothing is looked at late
+            return 0
+        except Exception as exc:  # noqa: BLE001
+            self._report_error("gpu events", exc)
+            return 0
+
     def energy(
         self, start_ns: int, end_ns: int, devices: Sequence[str] | None = None
     ) -> float | None:

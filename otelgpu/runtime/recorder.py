@@ -56,6 +56,8 @@ class Parts:
         work: GPU work accounting (``otelgpu.gpu.work``, MFU).
         step_sampler: the pipeline's tail-keeping sampler of step spans, when it samples
             (the step recorder decides with it before building a span).
+        held_horizon_ns: how long a sampled-out step is held for a GPU health event
+            published late (``runtime.held_steps``): about two sampling intervals.
     """
 
     tracer: trace.Tracer
@@ -64,6 +66,7 @@ class Parts:
     stats: InternalStats
     work: WorkAccounting
     step_sampler: StepSpanSampler | None = None
+    held_horizon_ns: int = 1_000_000_000
 
 
 class Recorder(abc.ABC, Generic[R]):

@@ -11,11 +11,15 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span, SpanContext, Status, StatusCode
 
 from otelgpu import _values
 from otelgpu.metrics import catalog
 from otelgpu.otel.tail_sampling import flagged
+from otelgpu.runtime.held_steps import HeldStep, HeldSteps
 from otelgpu.runtime.recorder import Parts, Recorder, seen_by_processors
 from otelgpu.runtime.records import StepRecord
 
@@ -37,7 +41,13 @@ def step_attributes(
 
 
 class StepRecorder(Recorder[StepRecord]):
-    """Turns :class:`StepRecord` rows into spans and metrics."""
+    """Turns :class:`StepRecord` rows into spans and metrics.
+
+    With tail-keeping sampling it decides each step span, counts the steps it samples out
+    (``otelgpu.internal.dropped``, reason ``tail_sampled``) and, while GPUs are sampled,
+    holds them a short while (:mod:`~.held_steps`): a GPU health event the sampler
+    publishes after the step was decided still gets the step exported.
+    """
 
     where = "record_step"
 
@@ -45,6 +55,11 @@ class StepRecorder(Recorder[StepRecord]):
         super().__init__(parts)
         sampler = parts.step_sampler
         self._sampler = sampler if sampler is not None and sampler.active else None
+        #: sampled-out steps held for late GPU health events (with tail-keeping sampling)
+        self._held = (
+            HeldSteps(parts.held_horizon_ns, self._released) if self._sampler is not None else None
+        )
+        self._events_seen = 0  # the sampler's event count at the last look
         instrument = parts.instrument
         self._numbers = itertools.count(1)
         self.duration = instrument(catalog.TRAIN_STEP_DURATION)
@@ -115,8 +130,6 @@ class StepRecorder(Recorder[StepRecord]):
                 )
                 if span is None:  # after the fact: only a kept step gets a span
                     span = self._start(record) if keep else INVALID_SPAN
-                    if not keep:
-                        stats.add_dropped("traces", "tail_sampled")
                 # the processors follow this decision (a dropped live span: they drop it)
                 decided = span.get_span_context().span_id
                 sampler.decided(decided, keep)
@@ -137,16 +150,9 @@ class StepRecorder(Recorder[StepRecord]):
                 attributes or None,
             )
             if recording:
-                attrs = step_attributes(duration_s, step, samples, tokens)
-                self._annotate(
-                    span, attrs, attributes, context, work, (start_ns, end_ns, devices), events
-                )
-                for name, t_ns, event_attributes in record.events:
-                    span.add_event(name, event_attributes, timestamp=t_ns)
-                failed = record.failed
-                if failed is not None:
-                    span.record_exception(failed)
-                    span.set_status(Status(StatusCode.ERROR, type(failed).__qualname__))
+                self._fill(span, record, (step, samples, tokens), context, work, events)
+            elif sampled_out:
+                self._sampled_out(span, record, (step, samples, tokens), work, sampled_gpu)
             # The metric calls copy an attribute set only when it is new to them.
             metric_attrs = attributes or None
             self.duration.record(duration_s, metric_attrs)
@@ -162,7 +168,135 @@ class StepRecorder(Recorder[StepRecord]):
                 span.end(end_time=end_ns)
             if decided is not None and sampler is not None:
                 sampler.forget(decided)
+        if self._held is not None:
+            self._look_back()
         return span if span is not None else INVALID_SPAN
+
+    def _fill(
+        self,
+        span: Span,
+        record: StepRecord,
+        counts: tuple[int, float | None, float | None],
+        context: dict[str, Any],
+        work: Any,
+        events: list[Any],
+    ) -> None:
+        """A recording step span's attributes, GPU context, events and status."""
+        step, samples, tokens = counts
+        start_ns, end_ns = record.start_ns, record.end_ns
+        attrs = step_attributes(max(end_ns - start_ns, 0) / 1e9, step, samples, tokens)
+        self._annotate(
+            span, attrs, record.attributes, context, work, (start_ns, end_ns, record.devices),
+            events,
+        )  # fmt: skip
+        for name, t_ns, event_attributes in record.events:
+            span.add_event(name, event_attributes, timestamp=t_ns)
+        failed = record.failed
+        if failed is not None:
+            span.record_exception(failed)
+            span.set_status(Status(StatusCode.ERROR, type(failed).__qualname__))
+
+    def _released(self, n: int) -> None:
+        self._stats.add_dropped("traces", "tail_sampled", n)
+
+    def _sampled_out(
+        self,
+        span: Span,
+        record: StepRecord,
+        counts: tuple[int, float | None, float | None],
+        work: Any,
+        sampled_gpu: bool,
+    ) -> None:
+        """A step sampled out: held for a late GPU health event while GPUs are sampled
+        (counted when it leaves unclaimed), else counted now."""
+        held = self._held
+        if held is None or not sampled_gpu:
+            self._released(1)
+            return
+        parent: Context | SpanContext | None
+        if span.is_recording():  # a live span: its own parent (none: a root span)
+            parent = getattr(span, "parent", None)
+        else:  # after the fact: the parent it would have had now
+            parent = record.context if record.context is not None else otel_context.get_current()
+        held.hold(HeldStep(record, *counts, work=work, parent=parent))
+
+    def _look_back(self) -> None:
+        """When the sampler published new GPU health events, export the held steps whose
+        window holds one (each once)."""
+        gpu = self._gpu
+        count = gpu.event_count()
+        if count == self._events_seen:
+            return
+        self._events_seen = count
+        held = self._held
+        if held is None:
+            return
+        window = held.span()
+        if window is None:
+            return
+        for late in held.claim(gpu.events(*window)):
+            self._export_late(late)
+
+    def _export_late(self, late: HeldStep) -> None:
+        """The span of a held step after all: a new span (the sampled-out one, if live,
+        was dropped) under the parent it had, with the GPU context read now."""
+        record = late.record
+        parent = late.parent
+        if not isinstance(parent, Context):  # a live span's parent, or a root step
+            parent = (
+                trace.set_span_in_context(trace.NonRecordingSpan(parent))
+                if parent is not None
+                else Context()
+            )
+        try:
+            span = self._starter.start(
+                record.name or catalog.STEP_SPAN,
+                context=parent,
+                start_time=record.start_ns,
+                attributes=record.span_attributes,
+            )
+        except Exception as exc:  # noqa: BLE001 - hot path
+            self._stats.report_error(self.where, exc)
+            self._released(1)
+            return
+        if not span.is_recording():  # the OTel sampler dropped the new span
+            self._released(1)
+            return
+        sampler = self._sampler
+        span_id = span.get_span_context().span_id
+        if sampler is not None:
+            sampler.decided(span_id, True)
+        try:
+            context, events = self._gpu.context(record.start_ns, record.end_ns, record.devices)
+            if seen_by_processors(span):
+                self._fill(
+                    span, record, (late.step, late.samples, late.tokens), context, late.work,
+                    events,
+                )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - hot path
+            self._stats.report_error("step", exc)
+        finally:
+            span.end(end_time=record.end_ns)
+            if sampler is not None:
+                sampler.forget(span_id)
+
+    def settle(self) -> None:
+        """Before a flush or shutdown: export the held steps that late GPU health events
+        claim, then let the others go (counted). Never raises."""
+        held = self._held
+        if held is None:
+            return
+        try:
+            self._events_seen = -1  # look whatever the count
+            self._look_back()
+        except Exception as exc:  # noqa: BLE001
+            self._stats.report_error("step", exc)
+        held.release_all()
+
+    def after_fork_in_child(self) -> None:
+        """The parent's held steps are not the child's (replaced, never locked, here)."""
+        if self._held is not None:
+            self._held.after_fork_in_child()
 
     def _start(self, record: StepRecord) -> Span:
         try:

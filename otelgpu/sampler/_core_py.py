@@ -906,6 +906,11 @@ class PyCore:
             disabled, d.disabled = d.disabled, 0
             return disabled
 
+    def event_count(self) -> int:
+        """Events ever pushed (retained or not): a change means new events were published.
+        One attribute read (the GIL makes it atomic), cheap enough once per step."""
+        return self._ev_head
+
     def counters(self) -> tuple[int, int, int, int, int, int]:
         """``(ticks, samples, dropped, overwritten, events_dropped, busy_ns)``."""
         with self._data_lock:

@@ -106,6 +106,7 @@ class SamplerCore(Protocol):
     def device_state(self, i: int) -> tuple[int, int, bool, int, int, int, int]: ...
     def take_disabled(self, i: int) -> int: ...
     def field_off_codes(self, i: int) -> tuple[int, ...]: ...
+    def event_count(self) -> int: ...
     def counters(self) -> tuple[int, int, int, int, int, int]: ...
 
 
@@ -495,6 +496,14 @@ class BaseGpuSampler:
         if not raws:  # the common case
             return raw, []
         return raw, [event_from_raw(self._uuids, r) for r in raws]
+
+    def event_count(self) -> int:
+        """How many events were ever published (retained or not). Cheap enough to read once
+        per step: a change means new events (:meth:`events`), maybe stamped in a window
+        already summarised -- the sampler publishes an event after stamping it."""
+        if self._pid != os.getpid():
+            self._after_fork_in_child()
+        return int(self._core.event_count())
 
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
         """Events in ``[start_ns, end_ns]`` (all devices, or ``uuid``), oldest first.

@@ -262,6 +262,11 @@ class DeferredSampler:
             return raw, found
         return raw, self.events(start_ns, end_ns)
 
+    def event_count(self) -> int:
+        sampler = self._sampler
+        lost = len(self._lost_events)
+        return sampler.event_count() + lost if sampler is not None else lost
+
     def events(self, start_ns: int, end_ns: int, uuid: str | None = None) -> list[GpuEvent]:
         sampler = self._sampler
         found = sampler.events(start_ns, end_ns, uuid) if sampler is not None else []

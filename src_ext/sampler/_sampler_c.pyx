@@ -99,7 +99,7 @@ cdef extern from "otg_sampler.h" nogil:
         otg_nvml_t nvml
         int inited, ndev
         otg_device_t *dev
-        uint64_t ticks, samples, dropped, overwritten, ev_dropped, ev_cap
+        uint64_t ticks, samples, dropped, overwritten, ev_dropped, ev_cap, ev_head
         int64_t busy_ns
         void *evset
 
@@ -512,6 +512,16 @@ cdef class NativeCore:
             raise IndexError(f"device index {i} out of range")
         disabled = otg_take_disabled(self._st, i)  # O(1) under the data mutex: GIL kept
         return disabled
+
+    def event_count(self):
+        """Events ever pushed (retained or not): a change means new events were published.
+        One short hold of the data mutex, so it is cheap enough to read once per step."""
+        cdef otg_state_t *st = self._st
+        cdef uint64_t n
+        otg_lock_data(st)
+        n = st.ev_head
+        otg_unlock_data(st)
+        return n
 
     def counters(self):
         """(ticks, samples, dropped, overwritten, events_dropped, busy_ns)."""

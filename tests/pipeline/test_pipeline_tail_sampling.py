@@ -177,5 +177,72 @@ def test_pipeline_sampled_out_steps_cost_no_span(receiver: Any, tmp_path: Path) 
     bare = [k for k in seen.ended[recorded:] if k == 0]
     assert len(bare) == n - live_kept  # sampled out: nothing was built for them
     sampled_out = runtime.stats.dropped().get(("traces", "tail_sampled"), 0)
-    # counted once per step not started, once per processor for a live span dropped
-    assert sampled_out == (n - len(after_the_fact)) + 2 * (n - live_kept)
+    # every step never exported counted once (not once per processor)
+    assert sampled_out == 2 * n - len(otlp)
+
+
+class _Ended(SpanProcessor):
+    """The step numbers of the step spans ended with attributes (those exported)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_end(self, span: Any) -> None:
+        if span.name == names.STEP_SPAN and span.attributes:
+            self.steps.append(span.attributes["otelgpu.train.step"])
+
+
+def _wait_for_event(runtime: Any, start_ns: int, end_ns: int) -> Any:
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        events = runtime.gpu.events(start_ns, end_ns)
+        if events:
+            return events[0]
+        time.sleep(0.01)
+    raise AssertionError("the sampler never published the injected XID")
+
+
+@pytest.mark.usefixtures("sim_gpu")
+def test_pipeline_step_sampled_out_before_its_health_event_is_exported(
+    receiver: Any, sim_gpu: Any
+) -> None:
+    """A step decided before the sampler published the GPU health event stamped inside
+    it (sampled out then, as an ordinary step) is exported after all, once, with the
+    event; the steps around it stay sampled out, and the counts stay exact."""
+    handle = _instrument(receiver, step_spans_per_second=1, sample_interval_ms=200)
+    runtime = handle.runtime
+    ended = _Ended()
+    runtime.pipeline.tracer_provider.add_span_processor(ended)
+    time.sleep(0.5)  # the sampler has started and sampled
+    now = time.time_ns()
+    tile = 10_000_000
+    # step 1 takes the one budget token; then 65 steps tiling [now - 50 ms, now + 600 ms),
+    # all decided now: those still running when the XID is stamped look ordinary now
+    runtime.record_step(StepRecord(now - 10 * tile, now - 9 * tile, step=1))
+    windows = {}
+    for i in range(65):
+        start = now - 5 * tile + i * tile
+        windows[i + 2] = (start, start + tile - 1)
+        runtime.record_step(StepRecord(start, start + tile - 1, step=i + 2))
+    assert ended.steps == [1]  # all ordinary: sampled out
+    sim_gpu.inject("xid", gpu=1, code=31)  # an MMU fault: no follow-up events
+    xid = _wait_for_event(runtime, now - 5 * tile, now + 60 * tile)
+    late = {n for n, (s, e) in windows.items() if s <= xid.time_ns <= e}
+    assert len(late) == 1, "the XID was stamped outside the steps' windows"
+
+    # the next step (an ordinary one) finds the new event and exports the step it hit
+    trigger = max(time.time_ns() - tile, xid.time_ns + 1)  # a step after the XID
+    runtime.record_step(StepRecord(trigger, trigger + tile - 1, step=100))
+    assert ended.steps[1:] == sorted(late)
+    handle.force_flush()
+    spans = {attributes(s.attributes)["otelgpu.train.step"]: s for s in _step_spans(receiver)}
+    assert late <= set(spans) and set(spans) <= {1, 100} | late
+    (span,) = (spans[n] for n in late)
+    assert [e.name for e in span.events] == ["otelgpu.gpu.xid"]
+    assert attributes(span.attributes)["otelgpu.gpu.xids"] == [31]
+    sampled_out = runtime.stats.dropped().get(("traces", "tail_sampled"), 0)
+    assert sampled_out + len(spans) == 67  # each step exported or counted, once
+    handle.shutdown()
+    total = receiver.last_metric(names.TRAIN_STEPS.name)
+    assert total is not None
+    assert sum(p.as_int for p in total.sum.data_points) == 67

@@ -111,6 +111,7 @@ def test_events_ring_is_bounded(
 ) -> None:
     sampler = make_sampler(event_capacity=16)
     uuid = sampler.devices[0].uuid
+    assert sampler.event_count() == 0
     for k in range(40):  # every throttle window start is an event
         sim_gpu.inject("throttle", gpu=0, reason="sw_power_cap", duration_s=0.05)
         sampler.sample_once(timestamp_ns=sim_gpu.time_ns())
@@ -121,6 +122,7 @@ def test_events_ring_is_bounded(
     events = sampler.events(0, 2**62, uuid=uuid)
     assert len(events) == 16
     assert sampler.stats().events_dropped == 40 - 16
+    assert sampler.event_count() == 40  # every event published, retained or not
     assert [e.time_ns for e in events] == sorted(e.time_ns for e in events)
 
 

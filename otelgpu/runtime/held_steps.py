@@ -10,9 +10,10 @@ sampling intervals; when the sampler's event count changes, the step recorder
 :meth:`HeldSteps.claim`\\ s the held steps whose window holds one of the new events and
 exports them after all.
 
-Bounded: at most ``limit`` steps, none kept past ``horizon_ns`` after its end. A step
-leaving unclaimed is counted then in ``otelgpu.internal.dropped`` (reason
-``tail_sampled``), so that counter counts exactly the steps never exported.
+Bounded: at most ``limit`` steps, none kept past ``horizon_ns`` after its end. Steps
+leaving unclaimed are counted in ``otelgpu.internal.dropped`` (reason ``tail_sampled``) in
+batches of up to 64, and all at :meth:`HeldSteps.release_all` (a flush, the shutdown), so
+that counter counts exactly the steps never exported.
 Thread-safe (one short lock; the claim walks at most ``limit`` steps and runs only when
 new events were published).
 """
@@ -22,22 +23,21 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from otelgpu.runtime.records import StepRecord
 
 __all__ = ["HeldStep", "HeldSteps"]
 
 DEFAULT_LIMIT = 4096
+_REPORT_EVERY = 64  # steps leaving unclaimed are reported in batches (one stats call each)
 
 
-@dataclass(slots=True, frozen=True)
-class HeldStep:
+class HeldStep(NamedTuple):
     """A sampled-out step and what its span needs, computed when it was decided: the step
     number, the checked ``samples`` and ``tokens``, the GPU work attributes (whose
     sketches already counted the step) and the span's ``parent`` (a ``Context``; a live
-    span's parent ``SpanContext``; ``None``: a root span)."""
+    span's parent ``SpanContext``; ``None``: a root span). A tuple: built on the hot path."""
 
     record: StepRecord
     step: int
@@ -58,6 +58,7 @@ class HeldSteps:
         self._on_released = on_released
         self._steps: collections.deque[HeldStep] = collections.deque()
         self._lock = threading.Lock()
+        self._unreported = 0  # steps that left and are not yet counted (under the lock)
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -70,9 +71,14 @@ class HeldSteps:
         with self._lock:
             steps = self._steps
             steps.append(held)
+            gone = 0
             while steps and (len(steps) > self.limit or steps[0].record.end_ns < oldest_end):
                 steps.popleft()
-                released += 1
+                gone += 1
+            if gone:
+                self._unreported += gone
+                if self._unreported >= _REPORT_EVERY:
+                    released, self._unreported = self._unreported, 0
         if released:
             self._on_released(released)
 
@@ -107,18 +113,22 @@ class HeldSteps:
         return claimed
 
     def release_all(self) -> int:
-        """Let every held step go (counted as never exported); returns how many."""
+        """Let every held step go; counts them (and those that left but were not counted
+        yet) as never exported. Returns how many were held."""
         with self._lock:
-            released = len(self._steps)
+            count = len(self._steps)
+            released = count + self._unreported
             self._steps.clear()
+            self._unreported = 0
         if released:
             self._on_released(released)
-        return released
+        return count
 
     def after_fork_in_child(self) -> None:
         """Forget the parent's steps; replace the lock (never acquire it inside ``fork()``)."""
         self._lock = threading.Lock()
         self._steps = collections.deque()
+        self._unreported = 0
 
 
 def _holds(record: StepRecord, events: list[tuple[int, Any]]) -> bool:

@@ -9,6 +9,7 @@ never raise.
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -40,6 +41,11 @@ def step_attributes(
     return attrs
 
 
+#: A step looks at the sampler's event count at most once per millisecond
+#: (events are published a round late, held steps wait two intervals: plenty of looks).
+_LOOK_EVERY_NS = 1_000_000
+
+
 class StepRecorder(Recorder[StepRecord]):
     """Turns :class:`StepRecord` rows into spans and metrics.
 
@@ -60,6 +66,7 @@ class StepRecorder(Recorder[StepRecord]):
             HeldSteps(parts.held_horizon_ns, self._released) if self._sampler is not None else None
         )
         self._events_seen = 0  # the sampler's event count at the last look
+        self._next_look_ns = 0  # when (monotonic ns) a step looks again
         instrument = parts.instrument
         self._numbers = itertools.count(1)
         self.duration = instrument(catalog.TRAIN_STEP_DURATION)
@@ -168,7 +175,8 @@ class StepRecorder(Recorder[StepRecord]):
                 span.end(end_time=end_ns)
             if decided is not None and sampler is not None:
                 sampler.forget(decided)
-        if self._held is not None:
+        if self._held is not None and (now := time.monotonic_ns()) >= self._next_look_ns:
+            self._next_look_ns = now + _LOOK_EVERY_NS
             self._look_back()
         return span if span is not None else INVALID_SPAN
 
@@ -288,6 +296,7 @@ class StepRecorder(Recorder[StepRecord]):
             return
         try:
             self._events_seen = -1  # look whatever the count
+            self._next_look_ns = 0
             self._look_back()
         except Exception as exc:  # noqa: BLE001
             self._stats.report_error("step", exc)

@@ -46,13 +46,15 @@ def test_held_steps_are_bounded_in_time_and_number_and_counted_when_they_leave()
     held = HeldSteps(horizon_ns=50 * MS, on_released=released.append, limit=8)
     for i in range(5):
         held.hold(_held(i, 10 * i))
-    assert released == []
     held.hold(_held(5, 100))  # ends at 110 ms: steps that ended before 60 ms leave
-    assert sum(released) == 5 and len(held) == 1
-    for i in range(6, 20):
+    assert len(held) == 1
+    for i in range(6, 300):
         held.hold(_held(i, 100))  # same window: only the limit applies
-    assert len(held) == 8 and sum(released) == 5 + 7
-    assert held.release_all() == 8 and sum(released) == 20  # every step counted once
+    assert len(held) == 8
+    assert 0 < sum(released) <= 300 - 8  # counted as they leave, in batches
+    assert all(n >= 64 for n in released)  # one stats call per batch, not per step
+    assert held.release_all() == 8
+    assert sum(released) == 300  # every step counted exactly once
 
 
 def test_held_steps_after_fork_forgets_the_parents_steps() -> None:

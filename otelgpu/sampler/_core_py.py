@@ -8,6 +8,15 @@ every sample, so a busy application thread slows it down (the benchmark measures
 by how much); for the same reason its one thread drains XID events in each sampling
 round instead of a second thread waiting for them (``start``).
 
+The GIL and the host: an NVML call releases the GIL, but only for microseconds, and
+the sampling thread takes it straight back before a waiting application thread has
+even woken up -- so a round of 8 GPUs (~0.3 ms of Python and NVML) plus its pre-warm
+would hold the GIL in one stretch, a pause of the application's loop. A round driven
+by the loop therefore hands the GIL back (``otelgpu.otel.slicing``) between devices once
+its slice is used, and always once right before its samples are published: publishing
+and the pre-warm (``_prewarm``) then run as one short stretch of their own, and an
+application thread never sees new samples without their pre-warmed summaries.
+
 Raw records are ``RawSample`` named tuples, raw windows ``RawWindow`` (``_records``);
 the native core returns the same types; the window rules live in ``_window_py``. The
 module stays over 600 lines because it mirrors otg_sampler.h section by section (life
@@ -30,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from otelgpu.nvml import NvmlUnavailableError, pynvml_init
+from otelgpu.otel import slicing
 from otelgpu.sampler import _fields as F
 from otelgpu.sampler import _window_py as W
 from otelgpu.sampler._nvml_requests import FieldRequest, GpmRequest
@@ -645,6 +655,9 @@ class PyCore:
         (``summary``) would change with each GPU's sample instead of once a round."""
         with self._tick_lock:
             taken: list[tuple[int, RawSample]] = []
+            # The loop's round hands the GIL back between devices (module docstring);
+            # sample_once runs on the caller's thread and keeps it.
+            slicer = slicing.Slicer() if from_loop else None
             for i, d in enumerate(self._dev):
                 if from_loop and self._stop.is_set():
                     break
@@ -654,6 +667,10 @@ class PyCore:
                     continue
                 t = t_ns if t_ns else self._now()
                 taken.append((i, self._raw(t, self._sample_device(d, t))))
+                if slicer is not None:
+                    slicer.tick()
+            if slicer is not None and taken:
+                slicing.pause()  # publishing and the pre-warm: one fresh, short stretch
             with self._data_lock:
                 for i, raw in taken:
                     if not self._dev[i].lost:

@@ -6,6 +6,12 @@ at the first step, calls the consumer for every queued step each
 (``flush()``/``uninstrument()``). Steps beyond :data:`QUEUE_LIMIT` are dropped and
 counted, never blocking the host.
 
+The background thread hands the GIL back (``otelgpu.otel.slicing``) between steps once
+its slice (~0.3 ms of its CPU) is used: half a second of steps is milliseconds of Python,
+and the training thread, back from a torch op that released the GIL, would otherwise wait
+for all of it (or for the interpreter's 5 ms switch interval). A synchronous
+:meth:`StepQueue.drain` runs on the caller's thread and does not pause.
+
 Thread-safety: :meth:`StepQueue.put` runs on the training thread; :meth:`StepQueue.drain`
 may run on any thread and holds one lock, so steps are consumed in order, one at a time.
 """
@@ -16,6 +22,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from otelgpu.otel import slicing
 
 __all__ = ["QUEUE_LIMIT", "WORKER_INTERVAL_S", "StepQueue"]
 
@@ -82,11 +90,16 @@ class StepQueue(Generic[T]):
 
     def _run(self) -> None:
         while not self._stop.wait(WORKER_INTERVAL_S):
-            self.drain()
-        self.drain()
+            self._drain(slicing.Slicer())
+        self._drain(slicing.Slicer())
 
     def drain(self) -> None:
         """Consumes every queued step now (thread-safe), then reports the drops."""
+        self._drain(None)
+
+    def _drain(self, slicer: slicing.Slicer | None) -> None:
+        """:meth:`drain`; with a ``slicer`` (the background thread) the GIL is handed
+        back between steps once its slice is used."""
         queue = self._queue
         with self._drain_lock:
             self._before_drain()
@@ -96,6 +109,8 @@ class StepQueue(Generic[T]):
                     self._consume(step)
                 except Exception as exc:  # noqa: BLE001 - never raise into the host
                     self._on_error("torch.step", exc)
+                if slicer is not None:
+                    slicer.tick()
             dropped, self._dropped = self._dropped, 0
         if dropped:
             self._on_dropped(dropped)

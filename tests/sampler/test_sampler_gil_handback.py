@@ -3,9 +3,10 @@
 An NVML call releases the GIL only for microseconds: the sampling thread takes it back
 before a waiting application thread wakes, so without explicit hand-backs a whole round
 would be one pause of the host's loop. The round driven by the loop hands it back
-between devices once its slice is used, and always right before it publishes its
-samples (publishing and the pre-warm stay one stretch, so no application thread sees
-new samples without their pre-warmed summaries). ``sample_once`` runs on the caller's
+between devices once its slice is used, always right before it publishes its samples
+(publishing and the first pre-warmed summary stay one stretch, so a short request never
+sees new samples without their summary), and once more before the pre-warm's second
+summary. ``sample_once`` runs on the caller's
 own thread and never sleeps. (The native core samples without the GIL.)
 """
 
@@ -20,6 +21,7 @@ from fixtures.sim import sim_gpu  # noqa: F401 - fixture
 from otelgpu import sim
 from otelgpu.otel import slicing
 from otelgpu.sampler import PyGpuSampler
+from otelgpu.sampler._core_py import PyCore
 
 
 class _EverySliceUsed(slicing.Slicer):
@@ -54,10 +56,20 @@ def test_loop_round_hands_the_gil_back_before_publishing(
         assert _heads(sampler) == [h + 1 for h in before]
 
         published = _heads(sampler)
-        sampler._core._tick(0, True)  # type: ignore[attr-defined] # one round of the loop
+        core = sampler._core
+        assert isinstance(core, PyCore)
+        core._tick(0, True)  # one round of the loop
         # one hand-back right before publishing, with nothing of the round published yet
         assert heads_at_pause == [published]
-        assert _heads(sampler) == [h + 1 for h in published]
+        after = [h + 1 for h in published]
+        assert _heads(sampler) == after
+        core._summary_memo.clear()
+        core._prewarm(sliced=True)  # the loop's pre-warm: one more, between its summaries
+        assert heads_at_pause == [published, after]
+        assert len(core._summary_memo) >= 2  # both summaries remembered
+        heads_at_pause.clear()
+        core._prewarm()  # unsliced: no hand-back
+        assert heads_at_pause == []
     finally:
         sampler.close()
 

@@ -127,6 +127,12 @@ def install_wrappers() -> None:
     from otelgpu.otel import fast_export
 
     wrap(fast_export.EncodedSpanExporter, "export_encoded", "span export_encoded (send)")
+    from otelgpu.sampler import _core_py
+
+    # The pure-Python sampler's round (the native core runs without the GIL).
+    wrap(_core_py.PyCore, "_sample_device", "pure sampler: one device's NVML reads")
+    wrap(_core_py.PyCore, "_prewarm", "pure sampler: pre-warmed summaries")
+    wrap(_core_py.PyCore, "_drain_xids", "pure sampler: XID drain")
     from otelgpu.metrics import gpu as gpu_metrics
 
     for name in dir(gpu_metrics):

@@ -17,6 +17,10 @@ its slice is used, and always once right before its samples are published: publi
 and the pre-warm's first summary (``_prewarm``) then run as one short stretch of their
 own, so a short request never sees new samples without their summary; the GIL is handed
 back once more before the pre-warm's second summary.
+The price, under an application thread that never releases the GIL: each hand-back costs
+the sampler up to a switch interval to get the GIL back, 10-15 % fewer rounds there
+(``benchmarks/bench_sampler.py``, 50 µs NVML calls), where it already reaches only a
+fraction of its asked rate.
 
 Raw records are ``RawSample`` named tuples, raw windows ``RawWindow`` (``_records``);
 the native core returns the same types; the window rules live in ``_window_py``. The

@@ -1,6 +1,7 @@
 """Builds otelgpu's native parts; all metadata lives in pyproject.toml.
 
-* Cython extensions (the native twins of the sketch and the sampler);
+* Cython extensions (the native twins of the sketch, the sampler, the OTLP encoders and
+  the torch step tracker);
 * the simulated NVML library, a plain C shared library installed as
   ``otelgpu/sim/lib/libnvidia-ml.so.1`` (soname ``libnvidia-ml.so.1``).
 
@@ -51,6 +52,7 @@ def cython_extensions() -> list[Extension]:
         ("src_ext/sketch/_sketch_c.pyx", "otelgpu.sketch._sketch_c"),
         ("src_ext/sampler/_sampler_c.pyx", "otelgpu.sampler._sampler_c"),
         ("src_ext/otel/_otlp_c.pyx", "otelgpu.otel._otlp_c"),
+        ("src_ext/torch/_steps_c.pyx", "otelgpu.instrumentation.torch._steps_c"),
     ]:
         if (ROOT / pyx).exists():
             exts.append(

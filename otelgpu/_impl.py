@@ -35,6 +35,7 @@ NATIVE_MODULES: tuple[str, ...] = (
     "otelgpu.sketch._sketch_c",
     "otelgpu.sampler._sampler_c",
     "otelgpu.otel._otlp_c",
+    "otelgpu.instrumentation.torch._steps_c",
 )
 
 _loaded: dict[str, ModuleType | None] = {}

@@ -59,7 +59,13 @@ shifted onto the ``time.time_ns`` epoch once, so values are monotonic *and* comp
 with the GPU sampler's timestamps).
 
 Thread-safety: every method takes one short lock; the callback runs outside it. Costs:
-about 1-2 µs per event in CPython; memory bounded by ``max_segments`` and ``window``.
+about 1-2 µs per event for the pure twin (:class:`PyStepTracker`); memory bounded by
+``max_segments`` and ``window``.
+
+:data:`StepTracker` is the native twin (``src_ext/torch/_steps_c.pyx``: the same rules
+with its accumulators as C fields) where it loaded, else :class:`PyStepTracker`. Every
+hook of a training step calls the tracker on the training thread, so its cost is paid in
+the host's step time.
 """
 
 from __future__ import annotations
@@ -67,7 +73,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from otelgpu import _impl
 from otelgpu.instrumentation.torch._anchor import AnchorWindow
 from otelgpu.instrumentation.torch._records import (
     RULE_BACKWARD,
@@ -85,15 +93,16 @@ from otelgpu.instrumentation.torch._records import (
     epoch_clock,
 )
 
-__all__ = ["RULES", "Clock", "StepRecord", "StepTracker", "epoch_clock"]
+__all__ = ["RULES", "Clock", "PyStepTracker", "StepRecord", "StepTracker", "epoch_clock"]
 
 _logger = logging.getLogger("otelgpu.torch")
 
 _BACKWARD_MARK = "backward"
 
 
-class StepTracker:
-    """Detects step boundaries from hook events and emits :class:`StepRecord`s.
+class PyStepTracker:
+    """Detects step boundaries from hook events and emits :class:`StepRecord`s (the
+    pure-Python twin; ``_steps_c.StepTracker`` is the native one, with the same API).
 
     Args:
         emit: called with each finished step, outside the tracker's lock. Exceptions
@@ -595,3 +604,10 @@ class StepTracker:
             _logger.info("otelgpu torch: training steps end %s", RULE_TEXT.get(announce, announce))
         for record in records:
             self._emit(record)
+
+
+if TYPE_CHECKING:
+    StepTracker = PyStepTracker
+else:
+    _native = _impl.native_module("otelgpu.instrumentation.torch._steps_c")
+    StepTracker = _native.StepTracker if _native is not None else PyStepTracker

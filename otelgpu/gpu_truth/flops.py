@@ -31,12 +31,22 @@ def count_flops(fn: Callable[[], R]) -> tuple[R, int]:
 
 
 def shape_signature(*tensors: Any) -> Hashable:
-    """A hashable signature of the shapes and dtypes of ``tensors`` (nested lists ok)."""
+    """A hashable signature of the shapes and dtypes of ``tensors`` (nested lists ok).
+
+    Compared within one process only (it keys counted FLOPs): a tensor's ``torch.Size``
+    (a tuple) and ``torch.dtype`` are kept as they are, anything else made hashable.
+    """
     out: list[Hashable] = []
     for t in tensors:
         shape = getattr(t, "shape", None)
         if shape is not None:
-            out.append((tuple(shape), str(getattr(t, "dtype", ""))))
+            dtype = getattr(t, "dtype", "")
+            out.append(
+                (
+                    shape if isinstance(shape, tuple) else tuple(shape),
+                    dtype if type(dtype).__module__ == "torch" else str(dtype),
+                )
+            )
         elif isinstance(t, list | tuple):
             out.append(shape_signature(*t))
         else:

@@ -12,8 +12,19 @@ callables, called exactly where the twin calls them. Thread-safety: every method
 one lock (a ``threading.Lock``); the callbacks run outside it.
 """
 
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
 import logging
-import threading
+import time
 
 from otelgpu.instrumentation.torch._records import (
     RULE_BACKWARD,
@@ -23,12 +34,61 @@ from otelgpu.instrumentation.torch._records import (
     RULE_STEP_OPTIMIZER,
     RULE_TEXT,
     StepRecord,
-    epoch_clock,
 )
 
 _logger = logging.getLogger("otelgpu.torch")
 
 _BACKWARD_MARK = "backward"
+
+
+cdef inline long long _monotonic_ns() noexcept nogil:
+    """``time.perf_counter_ns()``'s clock on Linux (``CLOCK_MONOTONIC``)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+
+
+cdef class EpochClock:
+    """The pure twin's ``epoch_clock()`` as a C callable: monotonic nanoseconds on the
+    ``time.time_ns()`` epoch (offset fixed once). The hooks read it ~10 times a step."""
+
+    cdef long long offset
+
+    def __cinit__(self):
+        self.offset = time.time_ns() - _monotonic_ns()
+
+    def __call__(self):
+        return _monotonic_ns() + self.offset
+
+
+def epoch_clock():
+    """A monotonic nanosecond clock on the ``time.time_ns()`` epoch (see :class:`EpochClock`)."""
+    return EpochClock()
+
+
+cdef class _Lock:
+    """A non-reentrant lock taken without a Python call; a contended acquire waits with
+    the GIL released (another thread may hold the lock while it needs the GIL)."""
+
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self):
+        self.lock = PyThread_allocate_lock()
+        if self.lock is NULL:
+            raise MemoryError("could not allocate the step tracker's lock")
+
+    def __dealloc__(self):
+        if self.lock is not NULL:
+            PyThread_free_lock(self.lock)
+
+    cdef inline void acquire(self) noexcept:
+        if PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            return
+        with nogil:
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+
+    cdef inline void release(self) noexcept:
+        PyThread_release_lock(self.lock)
 
 
 cdef inline object _add(object total, object value):
@@ -203,7 +263,7 @@ cdef class StepTracker:
     cdef public long long compiled_optimizer_steps
     cdef Accum _probe_target
     cdef Accum _flops_target
-    cdef object _lock
+    cdef _Lock _lock
     cdef _Anchors _anchors
     cdef long long _steps
     cdef object _start_ns
@@ -248,7 +308,7 @@ cdef class StepTracker:
         self.flops = flops
         self._flops_target = None
         self.clock = clock if clock is not None else epoch_clock()
-        self._lock = threading.Lock()
+        self._lock = _Lock()
         self._anchors = _Anchors(window)
         self.step_optimizer = step_optimizer
         self._steps = 0
@@ -295,23 +355,30 @@ cdef class StepTracker:
 
     def anchor(self):
         """``id()`` of the optimizer that currently defines step ends, if any."""
-        with self._lock:
+        self._lock.acquire()
+        try:
             return self._anchor_locked()
+        finally:
+            self._lock.release()
 
     # -- event methods ------------------------------------------------------------------
 
     def activity(self, now_ns=None):
         """Marks training activity (e.g. an optimizer pre-hook): opens the first step."""
         t = self.clock() if now_ns is None else now_ns
-        with self._lock:
+        self._lock.acquire()
+        try:
             if self._start_ns is None:
                 self._start_ns = t
+        finally:
+            self._lock.release()
 
     def backward_begin(self, now_ns=None):
         """An outermost ``torch.autograd.backward`` call begins: one micro-batch."""
         cdef list done
         t = self.clock() if now_ns is None else now_ns
-        with self._lock:
+        self._lock.acquire()
+        try:
             done = self._settle_locked()
             if self._start_ns is None:
                 self._start_ns = t
@@ -319,6 +386,8 @@ cdef class StepTracker:
             if self._backward_depth == 1:
                 self._acc.micro_batches += 1
                 self._backward_seen = True
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
 
@@ -326,7 +395,8 @@ cdef class StepTracker:
         """The outermost ``torch.autograd.backward`` call returned (or raised)."""
         cdef list done = None
         t = self.clock() if now_ns is None else now_ns
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._backward_depth = max(0, self._backward_depth - 1)
             if self._backward_depth or self.total_optimizer_steps or self._engine_depth:
                 return
@@ -336,6 +406,8 @@ cdef class StepTracker:
                 done = self._try_decide_locked(t)
             elif self._rule == RULE_BACKWARD:
                 self._close_locked(t)
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
         self._run_probe()
@@ -348,7 +420,8 @@ cdef class StepTracker:
         cdef list decided
         cdef Accum acc
         t = self.clock() if now_ns is None else now_ns
-        with self._lock:
+        self._lock.acquire()
+        try:
             self.total_optimizer_steps += count
             if self._start_ns is None and self._pending is None:
                 self._start_ns = t - duration_ns
@@ -373,21 +446,27 @@ cdef class StepTracker:
                         done = decided if done is None else done + decided
                 elif self._is_boundary_locked(key):
                     self._close_locked(t)
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
         self._run_probe()
 
     def compiled_begin(self):
         """An outermost call of a ``torch.compile``d function begins."""
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._compiled_depth += 1
             if self._compiled_depth == 1:
                 self._compiled_opt_before = self.total_optimizer_steps
+        finally:
+            self._lock.release()
 
     def compiled_end(self, key, long long traced_optimizer_steps, now_ns=None):
         """That call returned (or raised); see the twin."""
         t = self.clock() if now_ns is None else now_ns
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._compiled_depth = max(0, self._compiled_depth - 1)
             if (
                 self._compiled_depth
@@ -397,21 +476,27 @@ cdef class StepTracker:
                 return
             self._compiled_keys.add(key)
             self.compiled_optimizer_steps += traced_optimizer_steps
+        finally:
+            self._lock.release()
         self.optimizer_step(key, t, count=traced_optimizer_steps)
 
     def engine_begin(self):
         """An engine's own ``step()`` begins (DeepSpeed): hooks inside only count."""
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._engine_depth += 1
             if self._engine_depth == 1:
                 self._engine_posts = 0
+        finally:
+            self._lock.release()
 
     def engine_end(self, stepped, now_ns=None):
         """The engine's ``step()`` returned; see the twin."""
         cdef list done = None
         cdef Accum segment
         t = self.clock() if now_ns is None else now_ns
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._engine_depth = max(0, self._engine_depth - 1)
             if self._engine_depth:
                 return
@@ -428,6 +513,8 @@ cdef class StepTracker:
                 self._close_locked(t)
                 # The engine knows its boundary: never absorb further firings into it.
                 self._absorbing = False
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
         self._run_probe()
@@ -436,7 +523,8 @@ cdef class StepTracker:
         """The loop waited ``end - start`` ns for one batch (``DataLoader.__next__``)."""
         cdef list done
         cdef Accum acc
-        with self._lock:
+        self._lock.acquire()
+        try:
             done = self._settle_locked()
             if self._start_ns is None:
                 self._start_ns = start_ns
@@ -447,6 +535,8 @@ cdef class StepTracker:
                 acc.inferred_samples = _add(acc.inferred_samples, samples)
             if tokens is not None:
                 acc.inferred_tokens = _add(acc.inferred_tokens, tokens)
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
 
@@ -454,22 +544,28 @@ cdef class StepTracker:
         """A batch was handed to the loop by a loader that fetches ahead."""
         cdef list done
         cdef Accum acc
-        with self._lock:
+        self._lock.acquire()
+        try:
             done = self._settle_locked()
             acc = self._acc
             acc.inferred_samples = _add(acc.inferred_samples, samples)
             acc.inferred_tokens = _add(acc.inferred_tokens, tokens)
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
 
     def loader_startup(self, long long start_ns, long long end_ns):
         """``iter(DataLoader)`` took ``end - start`` ns (worker start-up, first prefetch)."""
         cdef list done
-        with self._lock:
+        self._lock.acquire()
+        try:
             done = self._settle_locked()
             if self._start_ns is None:
                 self._start_ns = start_ns
             self._acc.loader_startup_ns += end_ns - start_ns
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
 
@@ -477,7 +573,8 @@ cdef class StepTracker:
         """The host blocked ``end - start`` ns in collective ``op`` (outermost call)."""
         cdef Accum acc
         cdef long long d
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._absorbing = False
             if self._start_ns is None:
                 self._start_ns = start_ns
@@ -487,31 +584,42 @@ cdef class StepTracker:
             acc.comm_by_op[op] = acc.comm_by_op.get(op, 0) + d
             if end_ns > acc.tail_end_ns:
                 acc.tail_end_ns = end_ns
+        finally:
+            self._lock.release()
 
     def checkpoint(self, long long start_ns, long long end_ns):
         """A checkpoint save blocked the loop for ``end - start`` ns."""
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._absorbing = False
             if self._start_ns is None:
                 self._start_ns = start_ns
             self._acc.checkpoint_ns += end_ns - start_ns
             if end_ns > self._acc.tail_end_ns:
                 self._acc.tail_end_ns = end_ns
+        finally:
+            self._lock.release()
 
     def add_batch(self, samples=None, tokens=None):
         """User-given batch size: replaces inferred values for the step in progress."""
         cdef Accum acc
-        with self._lock:
+        self._lock.acquire()
+        try:
             acc = self._acc
             acc.explicit_samples = _add(acc.explicit_samples, samples)
             acc.explicit_tokens = _add(acc.explicit_tokens, tokens)
+        finally:
+            self._lock.release()
 
     def add_event(self, name, attributes, now_ns=None):
         """Attaches an event (e.g. an OOM) to the step in progress."""
         t = self.clock() if now_ns is None else now_ns
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._acc.events.append((name, t, attributes))
             del self._acc.events[:-16]  # bounded: a storm of events keeps the last 16
+        finally:
+            self._lock.release()
 
     def flush(self):
         """Emits what is buffered or pending (end of training, uninstrument, exit)."""
@@ -519,7 +627,8 @@ cdef class StepTracker:
         cdef list settled
         cdef Accum tail
         cdef Accum acc
-        with self._lock:
+        self._lock.acquire()
+        try:
             if self._rule is None and self._segments:
                 done = self._decide_locked(self._best_rule_locked())
             tail = self._acc
@@ -540,6 +649,8 @@ cdef class StepTracker:
             settled = self._settle_locked()
             if settled is not None:
                 done = settled if done is None else done + settled
+        finally:
+            self._lock.release()
         if done is not None:
             self._deliver(done)
 
@@ -681,12 +792,18 @@ cdef class StepTracker:
         self._flops_target = None
         if probed is not None and self.probe is not None:
             value = self.probe()
-            with self._lock:
+            self._lock.acquire()
+            try:
                 probed.probe = value
+            finally:
+                self._lock.release()
         if counted is not None and self.flops is not None:
             value = self.flops()
-            with self._lock:
+            self._lock.acquire()
+            try:
                 counted.flops = value
+            finally:
+                self._lock.release()
 
     cdef void _deliver(self, list records) except *:
         announce = self._announce

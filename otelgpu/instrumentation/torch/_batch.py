@@ -41,14 +41,18 @@ def _from_mapping(batch: Mapping[Any, Any]) -> tuple[int | None, int | None]:
 
 def infer_batch(batch: Any) -> tuple[int | None, int | None]:
     """Returns ``(samples, tokens)`` of ``batch``; ``None`` where unknown."""
-    if _is_tensor(batch):
-        return _rows(batch), None
-    if isinstance(batch, Mapping):
-        return _from_mapping(batch)
-    if isinstance(batch, tuple | list):
+    # Tuples and lists first: the usual ``(x, y)`` batch, told apart by a C type check
+    # (a tensor test on a list and the Mapping ABC check cost a failed attribute lookup
+    # each, and this runs on the training thread for every batch).
+    if isinstance(batch, (tuple, list)):
         for item in batch[:4]:
             if _is_tensor(item):
                 return _rows(item), None
             if isinstance(item, Mapping):
                 return _from_mapping(item)
+        return None, None
+    if _is_tensor(batch):
+        return _rows(batch), None
+    if isinstance(batch, Mapping):
+        return _from_mapping(batch)
     return None, None

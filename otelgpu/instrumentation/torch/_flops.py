@@ -285,7 +285,9 @@ class FlopsCounter:
     def _root_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         if GATE.on and len(self._calls) < MAX_CALLS:
             try:
-                self._calls.append(shape_signature(*args, *kwargs.values()))
+                self._calls.append(
+                    shape_signature(*args, *kwargs.values()) if kwargs else shape_signature(*args)
+                )
             except Exception as exc:  # noqa: BLE001 - never raise into the host
                 self._fail(f"shape signature failed: {exc!r}", exc)
 

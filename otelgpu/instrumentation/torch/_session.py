@@ -87,12 +87,21 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             self.sink.error("torch.step", exc)
 
+    # The two sources run on the training thread at every step's close: one frame each.
     def _safe_probe(self) -> object:
-        return self._safe(self._probe, "torch.step_probe")
+        try:
+            return self._probe() if self._probe is not None else None
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self.sink.error("torch.step_probe", exc)
+            return None
 
     def _safe_flops(self) -> float | None:
-        flops = self._safe(self._flops, "torch.flops")
-        return flops if isinstance(flops, float | int) else None
+        try:
+            flops = self._flops() if self._flops is not None else None
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self.sink.error("torch.flops", exc)
+            return None
+        return flops if isinstance(flops, (float, int)) else None
 
     def _safe(self, fn: Callable[[], object] | None, where: str) -> object:
         if fn is None:

@@ -611,3 +611,5 @@ if TYPE_CHECKING:
 else:
     _native = _impl.native_module("otelgpu.instrumentation.torch._steps_c")
     StepTracker = _native.StepTracker if _native is not None else PyStepTracker
+    if _native is not None:  # the same clock as a C callable (the hooks read it often)
+        epoch_clock = _native.epoch_clock

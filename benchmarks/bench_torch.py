@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -231,18 +232,30 @@ def callgrind_control(state: str) -> None:
 
 def _callgrind_child(args: argparse.Namespace) -> int:
     """Runs under callgrind with collection off; switches it on around the counted steps
-    (and, instrumented, the flush of the background step thread and of the spans)."""
+    (and, instrumented, the flush of the background step thread and of the spans, on
+    another thread as otelgpu's own threads would do it: the training thread's count is
+    then its hooks only).
+
+    With tail-keeping sampling, the span budget is scaled by valgrind's slowdown (measured
+    here against ``--callgrind-real-step-ms``, the wall-clock run's plain median), so the
+    counted steps keep the share of spans a real-speed run keeps; the budget used is
+    written to ``<callgrind out>.budget``.
+    """
     from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 
     torch.set_num_threads(1)
     instrumented = args.callgrind_child == "instrumented"
-    runtime, _reader = (
-        _runtime()
-        if args.export is None
-        else _exporting_runtime(args.export, args.step_spans_per_second, timers=False)
-    )
     model, opt, loader = _setup(args.hidden, args.batch, args.callgrind_steps)
     _m, _o, warm = _setup(args.hidden, args.batch, CALLGRIND_WARMUP)
+    budget = args.step_spans_per_second
+    if budget and args.callgrind_real_step_ms:
+        slow_steps, _cpu = _epoch(model, opt, warm)  # both modes: the same warm-up
+        slowdown = statistics.median(slow_steps) * 1e3 / args.callgrind_real_step_ms
+        budget = max(1, round(budget / slowdown))
+        Path(f"{args.callgrind_out}.budget").write_text(f"{budget} {slowdown:.1f}\n")
+    runtime, _reader = (
+        _runtime() if args.export is None else _exporting_runtime(args.export, budget, timers=False)
+    )
     inst = TorchInstrumentor()
     if instrumented:
         inst.instrument(runtime=runtime)
@@ -254,17 +267,25 @@ def _callgrind_child(args: argparse.Namespace) -> int:
             if args.export is not None:
                 runtime.pipeline.tracer_provider.force_flush()
 
-    done()
+    def done_elsewhere() -> None:
+        worker = threading.Thread(target=done, name="bench-flush")
+        worker.start()
+        worker.join()
+
+    done_elsewhere()
 
     callgrind_control("on")
     _epoch(model, opt, loader)
-    done()
+    done_elsewhere()
     callgrind_control("off")
     os._exit(0)
 
 
-def _callgrind(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, dict[str, float]] | str:
-    """Instructions per step of each mode: ``{mode: {"training thread", "all threads"}}``."""
+def _callgrind(
+    args: argparse.Namespace, argv: Sequence[str], real_step_ms: float
+) -> dict[str, dict[str, float]] | str:
+    """Instructions per step of each mode: ``{mode: {"training thread", "all threads"}}``;
+    with a scaled span budget also ``{"budget": {"spans_per_second", "slowdown"}}``."""
     valgrind = shutil.which("valgrind")
     if valgrind is None or shutil.which("callgrind_control") is None:
         return "valgrind not installed"
@@ -283,6 +304,10 @@ def _callgrind(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, dict[
                 *argv,
                 "--callgrind-child",
                 mode,
+                "--callgrind-real-step-ms",
+                f"{real_step_ms:.4f}",
+                "--callgrind-out",
+                f"{tmp}/{mode}.out",
             ]
             children[mode] = subprocess.Popen(
                 cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -299,6 +324,10 @@ def _callgrind(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, dict[
                 continue
             n = args.callgrind_steps
             out[mode] = {"training thread": totals[0] / n, "all threads": sum(totals) / n}
+        budget = Path(tmp) / "instrumented.out.budget"
+        if budget.exists():
+            spans, slowdown = budget.read_text().split()
+            out["budget"] = {"spans_per_second": float(spans), "slowdown": float(slowdown)}
     return "; ".join(errors) if errors else out
 
 
@@ -337,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--callgrind-child", choices=["plain", "instrumented"], help=argparse.SUPPRESS
     )
+    parser.add_argument("--callgrind-real-step-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--callgrind-out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.callgrind_child:
         return _callgrind_child(args)
@@ -427,7 +458,7 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     counted: list[str] = []
     if args.callgrind_steps:
         child_argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write"]
-        found = _callgrind(args, child_argv)
+        found = _callgrind(args, child_argv, plain * 1e3)
         if isinstance(found, str):
             counted = ["", f"Instructions per step: not measured ({found}).", ""]
         else:
@@ -448,9 +479,19 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                 "",
                 "The training thread's figure is what the hooks on the step's path cost; "
                 "'all threads' adds the background step thread (metrics, span), the span "
-                "encoding and the export of the counted steps' spans (flushed at the end; "
-                "no schedule timers in these children: under valgrind's ~50x slowdown a "
-                "timer would fire ~50x more often per step).",
+                "encoding and the export of the counted steps' spans (flushed at the end, "
+                "from another thread, as otelgpu's own threads do; no schedule timers in "
+                "these children: under valgrind's ~50x slowdown a timer would fire ~50x more "
+                "often per step)."
+                + (
+                    ""
+                    if "budget" not in found
+                    else " The tail-keeping budget is scaled by valgrind's slowdown "
+                    f"({found['budget']['slowdown']:.0f}x here: "
+                    f"{found['budget']['spans_per_second']:.0f} spans/s), so the counted "
+                    "steps keep the share of spans a real-speed run keeps (at the unscaled "
+                    "budget valgrind's slow steps would all be kept)."
+                ),
             ]
     lines = [
         "# PyTorch instrumentation overhead",

@@ -80,3 +80,33 @@ def test_synchronous_drain_does_not_pause(monkeypatch: pytest.MonkeyPatch) -> No
         assert pauses == []
     finally:
         queue.close()
+
+
+def test_after_drain_runs_once_per_drain_that_consumed_steps() -> None:
+    """Per-drain totals (the optimizer-step and micro-batch counters) are published once
+    the drain's steps are consumed -- also when one of them failed -- and not by a drain
+    that found nothing."""
+    seen: list[tuple[int, ...]] = []
+    consumed: list[int] = []
+    errors: list[str] = []
+
+    def consume(step: int) -> None:
+        if step == 2:
+            raise RuntimeError("bad step")
+        consumed.append(step)
+
+    queue: _step_queue.StepQueue[int] = _step_queue.StepQueue(
+        consume,
+        before_drain=lambda: None,
+        on_error=lambda where, exc: errors.append(where),
+        on_dropped=lambda n: None,
+        after_drain=lambda: seen.append(tuple(consumed)),
+    )
+    queue.drain()
+    assert seen == []
+    for step in (1, 2, 3):
+        queue._queue.append(step)  # queued without starting the background thread
+    queue.drain()
+    queue.drain()
+    assert seen == [(1, 3)]
+    assert errors == ["torch.step"]

@@ -47,6 +47,8 @@ class StepQueue(Generic[T]):
         on_error: receives ``(where, exception)`` of a failing ``consume``
             (``torch.step``); must not raise.
         on_dropped: receives the count of steps dropped since the last drain, after it.
+        after_drain: called under the drain lock once the queued steps are consumed, also
+            when one failed (e.g. publish totals ``consume`` kept per drain); must not raise.
     """
 
     def __init__(
@@ -56,8 +58,10 @@ class StepQueue(Generic[T]):
         before_drain: Callable[[], None],
         on_error: Callable[[str, BaseException], None],
         on_dropped: Callable[[int], None],
+        after_drain: Callable[[], None] | None = None,
     ) -> None:
         self._consume = consume
+        self._after_drain = after_drain
         self._before_drain = before_drain
         self._on_error = on_error
         self._on_dropped = on_dropped
@@ -103,14 +107,18 @@ class StepQueue(Generic[T]):
         queue = self._queue
         with self._drain_lock:
             self._before_drain()
+            consumed = False
             while queue:
                 step = queue.popleft()
+                consumed = True
                 try:
                     self._consume(step)
                 except Exception as exc:  # noqa: BLE001 - never raise into the host
                     self._on_error("torch.step", exc)
                 if slicer is not None:
                     slicer.tick()
+            if consumed and self._after_drain is not None:
+                self._after_drain()
             dropped, self._dropped = self._dropped, 0
         if dropped:
             self._on_dropped(dropped)

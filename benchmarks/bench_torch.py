@@ -18,8 +18,11 @@ warm-up long enough to pass the one-off FLOP count: the training thread's own co
 hooks on the step's path) and every thread's (plus the background step thread, the span
 encoding and, with ``--export``, the export of the counted steps' spans, flushed at the
 end). Instruction counts do not move with the load of a shared machine as step times
-do. The children export on flush only (no schedule timers: under valgrind's ~50x
-slowdown a timer would fire ~50x more often per step than in a real run).
+do. The children export on flush only (no schedule timers: under valgrind's slowdown --
+over a thousandfold for this loop -- a timer would fire that much more often per step than
+in a real run), and scale the tail-keeping budget by the same slowdown (measured in the
+child against the wall-clock run's plain median), so the counted steps keep the share of
+spans a real-speed run keeps.
 
 Run: ``.venv/bin/python benchmarks/bench_torch.py`` (about 20 s). Writes
 ``benchmarks/results/torch.md``; exits 1 if the overhead is 2 % or more.
@@ -247,15 +250,24 @@ def _callgrind_child(args: argparse.Namespace) -> int:
     instrumented = args.callgrind_child == "instrumented"
     model, opt, loader = _setup(args.hidden, args.batch, args.callgrind_steps)
     _m, _o, warm = _setup(args.hidden, args.batch, CALLGRIND_WARMUP)
-    budget = args.step_spans_per_second
+    budget = float(args.step_spans_per_second)
     if budget and args.callgrind_real_step_ms:
-        slow_steps, _cpu = _epoch(model, opt, warm)  # both modes: the same warm-up
+        # both modes: the same two plain epochs; the first is valgrind's own warm-up (it
+        # translates every code path once), the second is timed
+        _epoch(model, opt, warm)
+        slow_steps, _cpu = _epoch(model, opt, warm)
         slowdown = statistics.median(slow_steps) * 1e3 / args.callgrind_real_step_ms
-        budget = max(1, round(budget / slowdown))
-        Path(f"{args.callgrind_out}.budget").write_text(f"{budget} {slowdown:.1f}\n")
+        budget /= slowdown
+        Path(f"{args.callgrind_out}.budget").write_text(f"{budget:.4f} {slowdown:.1f}\n")
     runtime, _reader = (
-        _runtime() if args.export is None else _exporting_runtime(args.export, budget, timers=False)
+        _runtime()
+        if args.export is None
+        else _exporting_runtime(args.export, args.step_spans_per_second, timers=False)
     )
+    sampler = getattr(getattr(runtime, "pipeline", None), "step_sampler", None)
+    if sampler is not None and budget:
+        # the setting takes whole spans per second; the sampler itself takes any rate
+        sampler.per_second = sampler._tokens = budget
     inst = TorchInstrumentor()
     if instrumented:
         inst.instrument(runtime=runtime)
@@ -481,14 +493,14 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                 "'all threads' adds the background step thread (metrics, span), the span "
                 "encoding and the export of the counted steps' spans (flushed at the end, "
                 "from another thread, as otelgpu's own threads do; no schedule timers in "
-                "these children: under valgrind's ~50x slowdown a timer would fire ~50x more "
+                "these children: under valgrind's slowdown a timer would fire that much more "
                 "often per step)."
                 + (
                     ""
                     if "budget" not in found
                     else " The tail-keeping budget is scaled by valgrind's slowdown "
                     f"({found['budget']['slowdown']:.0f}x here: "
-                    f"{found['budget']['spans_per_second']:.0f} spans/s), so the counted "
+                    f"{found['budget']['spans_per_second']:.3f} spans/s), so the counted "
                     "steps keep the share of spans a real-speed run keeps (at the unscaled "
                     "budget valgrind's slow steps would all be kept)."
                 ),

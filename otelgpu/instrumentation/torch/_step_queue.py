@@ -79,13 +79,12 @@ class StepQueue(Generic[T]):
             self._dropped += 1
             return
         queue.append(step)
-        worker = self._worker
-        if worker is None or not worker.is_alive():
+        if self._worker is None:  # none yet, or it ended (its _run clears it on the way out)
             self._start_worker()
 
     def _start_worker(self) -> None:
         with self._worker_lock:
-            if self._worker is not None and self._worker.is_alive():
+            if self._worker is not None:
                 return
             self._stop.clear()
             worker = threading.Thread(target=self._run, name="otelgpu-torch-steps", daemon=True)
@@ -93,9 +92,16 @@ class StepQueue(Generic[T]):
             worker.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(WORKER_INTERVAL_S):
+        try:
+            while not self._stop.wait(WORKER_INTERVAL_S):
+                self._drain(slicing.Slicer())
             self._drain(slicing.Slicer())
-        self._drain(slicing.Slicer())
+        finally:
+            # put() starts a new worker when this one is gone, without asking the thread
+            # (Thread.is_alive() on every step was a lock round trip on the training thread)
+            with self._worker_lock:
+                if self._worker is threading.current_thread():
+                    self._worker = None
 
     def drain(self) -> None:
         """Consumes every queued step now (thread-safe), then reports the drops."""

@@ -790,20 +790,17 @@ cdef class StepTracker:
         cdef Accum counted = self._flops_target
         self._probe_target = None
         self._flops_target = None
+        # (a field assignment cannot raise: no try/finally around these two)
         if probed is not None and self.probe is not None:
             value = self.probe()
             self._lock.acquire()
-            try:
-                probed.probe = value
-            finally:
-                self._lock.release()
+            probed.probe = value
+            self._lock.release()
         if counted is not None and self.flops is not None:
             value = self.flops()
             self._lock.acquire()
-            try:
-                counted.flops = value
-            finally:
-                self._lock.release()
+            counted.flops = value
+            self._lock.release()
 
     cdef void _deliver(self, list records) except *:
         announce = self._announce

@@ -35,8 +35,13 @@ NATIVE_MODULES: tuple[str, ...] = (
     "otelgpu.sketch._sketch_c",
     "otelgpu.sampler._sampler_c",
     "otelgpu.otel._otlp_c",
-    "otelgpu.instrumentation.torch._steps_c",
 )
+
+#: Native twins inside an instrumentation package, loaded when that instrumentation is
+#: imported (``import otelgpu`` importing them would import the whole package: ~100 ms
+#: more for every process). Not part of ``NATIVE``; :func:`native_status` (``otelgpu
+#: doctor``, the suite's guard test) reports them with the core.
+INSTRUMENTATION_NATIVE_MODULES: tuple[str, ...] = ("otelgpu.instrumentation.torch._steps_c",)
 
 _loaded: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}
@@ -68,7 +73,7 @@ def native_module(name: str) -> ModuleType | None:
 def native_status() -> dict[str, str]:
     """Per native module: ``"native"``, ``"disabled"`` or the import error text."""
     status: dict[str, str] = {}
-    for name in NATIVE_MODULES:
+    for name in (*NATIVE_MODULES, *INSTRUMENTATION_NATIVE_MODULES):
         if NO_EXTENSIONS:
             status[name] = "disabled (OTELGPU_NO_EXTENSIONS)"
         elif native_module(name) is not None:

@@ -61,3 +61,18 @@ def test_build_and_import_read_no_extensions_alike(value: str) -> None:
     expected = env_flag("OTELGPU_NO_EXTENSIONS", {"OTELGPU_NO_EXTENSIONS": value})
     assert out.stdout.strip() == str(expected)
     assert expected is (value.lower() not in ("", "0", "false", "no", "off"))
+
+
+def test_import_otelgpu_leaves_the_instrumentation_packages_unloaded() -> None:
+    """The native core loads with ``import otelgpu``; the torch step tracker's native twin
+    loads with the torch instrumentation (importing it earlier would import that package,
+    and OpenTelemetry's instrumentation base, into every process)."""
+    code = (
+        "import sys, otelgpu\n"
+        "print(otelgpu.NATIVE, sorted(m for m in sys.modules if m.startswith("
+        "'otelgpu.instrumentation.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == f"{not _impl.NO_EXTENSIONS} []"

@@ -162,6 +162,10 @@ def worker(rank: int, port: int, out: str, sim_toml: str) -> None:
         scenario = SCENARIOS[SEGMENT_NOW[0]]
         if scenario == "compute" and rank == 1 and step % SEGMENT == 0:
             gpu.inject("throttle", gpu=1, reason="hw_thermal", duration_s=600, clock_factor=0.5)
+            # A real throttle outlasts many sampling rounds; here the segment is 40 short
+            # steps, and a pure-Python sampler starved by 4 ranks on 2 cores may not run a
+            # round in time: sample once now, so the segment starts throttled.
+            sampler.sample_once()
         latest = sampler.latest(uuid)
         if scenario == "compute" and latest is not None and latest.sm_clock_mhz:
             # compute slows in proportion to the clock the GPU runs at (throttled: 0.5x)

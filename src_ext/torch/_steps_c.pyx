@@ -408,9 +408,7 @@ cdef class StepTracker:
                 self._close_locked(t)
         finally:
             self._lock.release()
-        if done is not None:
-            self._deliver(done)
-        self._run_probe()
+        self._close_done(done)
 
     def optimizer_step(
         self, key, now_ns=None, *, skipped=False, long long duration_ns=0, long long count=1
@@ -448,9 +446,7 @@ cdef class StepTracker:
                     self._close_locked(t)
         finally:
             self._lock.release()
-        if done is not None:
-            self._deliver(done)
-        self._run_probe()
+        self._close_done(done)
 
     def compiled_begin(self):
         """An outermost call of a ``torch.compile``d function begins."""
@@ -515,9 +511,7 @@ cdef class StepTracker:
                 self._absorbing = False
         finally:
             self._lock.release()
-        if done is not None:
-            self._deliver(done)
-        self._run_probe()
+        self._close_done(done)
 
     def data_wait(self, long long start_ns, long long end_ns, samples=None, tokens=None):
         """The loop waited ``end - start`` ns for one batch (``DataLoader.__next__``)."""
@@ -782,6 +776,13 @@ cdef class StepTracker:
         if rule != self._announced:
             self._announced = self._announce = rule
         return [acc.record(self._steps, start, end_ns, rule)]
+
+    cdef void _close_done(self, list done) except *:
+        """After an event that may close a step (lock not held): deliver the finished
+        records, then run the probe and the FLOPs source for what closed."""
+        if done is not None:
+            self._deliver(done)
+        self._run_probe()
 
     cdef void _run_probe(self) except *:
         """Runs the probe for a step or segment that just closed, then the FLOPs source

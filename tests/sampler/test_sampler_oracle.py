@@ -157,7 +157,12 @@ def test_concurrent_readers_see_consistent_rings(
     sampler.start()
     for t in threads:
         t.start()
+    # Half a second of reading, and at least until the rings wrapped (two readers that
+    # never release the GIL starve a pure-Python sampler on a loaded 2-core machine).
     time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while sampler.stats().overwritten < 26 and time.monotonic() < deadline:
+        time.sleep(0.05)
     stop.set()
     for t in threads:
         t.join()

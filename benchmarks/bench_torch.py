@@ -31,9 +31,11 @@ Run: ``.venv/bin/python benchmarks/bench_torch.py`` (about 20 s). Writes
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -49,6 +51,30 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "torch.md"
 TARGET = 0.02
+
+#: glibc ``mallopt`` parameters: ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD``.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def fix_malloc_thresholds() -> bool:
+    """Fixes glibc's mmap and trim thresholds (64 MiB, 256 MiB) for this process; False
+    where that is not possible (not glibc).
+
+    By default glibc serves blocks of 128 KiB and more with ``mmap`` and moves that
+    threshold up as such blocks are freed: a step whose activations are a few hundred KiB
+    then page-faults hundreds of times, or not at all, depending on what was freed before
+    -- measured here, 170 to 330 minor faults per step (+15 to +30 % step time) with two
+    384-wide hidden layers, varying run to run, and in either mode. Fixed thresholds make
+    both modes fault-free, so the comparison sees the instrumentation, not the allocator's
+    history.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(
+            libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20) and libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
+        )
+    except (OSError, AttributeError):
+        return False
 
 
 def _runtime() -> Any:
@@ -113,15 +139,14 @@ def _exporting_runtime(
     return handle.runtime, reader
 
 
-def _setup(hidden: int, batch: int, steps: int) -> tuple[Any, Any, Any]:
+def _setup(hidden: int, batch: int, steps: int, layers: int = 1) -> tuple[Any, Any, Any]:
+    """The MLP 256-hidden(-hidden, ``layers`` times)-10 with AdamW, and a DataLoader of
+    ``steps`` batches."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, hidden),
-        torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden),
-        torch.nn.ReLU(),
-        torch.nn.Linear(hidden, 10),
-    )
+    blocks: list[Any] = [torch.nn.Linear(256, hidden), torch.nn.ReLU()]
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(hidden, 10))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ds = torch.utils.data.TensorDataset(
         torch.randn(steps * batch, 256), torch.randint(0, 10, (steps * batch,))
@@ -248,8 +273,8 @@ def _callgrind_child(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     instrumented = args.callgrind_child == "instrumented"
-    model, opt, loader = _setup(args.hidden, args.batch, args.callgrind_steps)
-    _m, _o, warm = _setup(args.hidden, args.batch, CALLGRIND_WARMUP)
+    model, opt, loader = _setup(args.hidden, args.batch, args.callgrind_steps, args.layers)
+    _m, _o, warm = _setup(args.hidden, args.batch, CALLGRIND_WARMUP, args.layers)
     budget = float(args.step_spans_per_second)
     if budget and args.callgrind_real_step_ms:
         # both modes: the same two plain epochs; the first is valgrind's own warm-up (it
@@ -352,6 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="first steps of every repetition (both modes) left out of the steady-state "
         "figures and reported as the start-up cost of instrument()",
     )
+    parser.add_argument(
+        "--layers", type=int, default=1, help="hidden-to-hidden layers of the MLP (2: ~5 ms)"
+    )
+    parser.add_argument(
+        "--dynamic-malloc",
+        action="store_true",
+        help="keep glibc's dynamic mmap threshold (default: fixed, see fix_malloc_thresholds)",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not write results/torch.md")
     parser.add_argument("--span-every", type=int, default=None, help="TorchInstrumentor span_every")
     parser.add_argument(
@@ -381,6 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--callgrind-real-step-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--callgrind-out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.fixed_malloc = not args.dynamic_malloc and fix_malloc_thresholds()
     if args.callgrind_child:
         return _callgrind_child(args)
 
@@ -407,7 +441,7 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         if args.export is None
         else _exporting_runtime(args.export, args.step_spans_per_second)
     )
-    model, opt, loader = _setup(args.hidden, args.batch, args.steps)
+    model, opt, loader = _setup(args.hidden, args.batch, args.steps, args.layers)
     _epoch(model, opt, loader)  # warm-up: allocator, AdamW state
     inst = TorchInstrumentor()
     options = {} if args.span_every is None else {"span_every": args.span_every}
@@ -420,6 +454,9 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     cpu: dict[str, float] = {"plain": 0.0, "instrumented": 0.0}
     # Per repetition: seconds of the settle steps plus instrument()/uninstrument() calls.
     startup: dict[str, list[float]] = {"plain": [], "instrumented": []}
+    # Per repetition: the median of its steady-state steps (the paired comparison).
+    rep_median: dict[str, list[float]] = {"plain": [], "instrumented": []}
+    faults: dict[str, int] = {"plain": 0, "instrumented": 0}
     for rep in range(args.reps):
         order = ("plain", "instrumented") if rep % 2 == 0 else ("instrumented", "plain")
         for mode in order:
@@ -428,7 +465,9 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                 inst.instrument(runtime=runtime, **options)
             s_inst = time.perf_counter() - s0
             try:
+                minflt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 steps, cpu_steady = _epoch(model, opt, loader, settle)
+                faults[mode] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - minflt
                 if mode == "instrumented":
                     # Charge the background thread's queued work to this repetition.
                     f0 = time.perf_counter()
@@ -440,6 +479,7 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                     cpu_steady += time.process_time() - c0
                 startup[mode].append(s_inst + sum(steps[:settle]))
                 times[mode].extend(steps[settle:])
+                rep_median[mode].append(statistics.median(steps[settle:]))
                 cpu[mode] += cpu_steady
             finally:
                 if mode == "instrumented":
@@ -451,6 +491,10 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
     plain = statistics.median(times["plain"])
     instrumented = statistics.median(times["instrumented"])
+    paired = sorted(
+        (i - p) * 1e6 for i, p in zip(rep_median["instrumented"], rep_median["plain"], strict=True)
+    )
+    faults_step = {mode: faults[mode] / (args.reps * args.steps) for mode in faults}
     overhead = instrumented / plain - 1
     per_step_us = (instrumented - plain) * 1e6
     steps_recorded = next(
@@ -508,8 +552,9 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     lines = [
         "# PyTorch instrumentation overhead",
         "",
-        "`benchmarks/bench_torch.py`: a 3-layer MLP (256-"
-        f"{args.hidden}-{args.hidden}-10, batch {args.batch}, AdamW, DataLoader) training on CPU "
+        f"`benchmarks/bench_torch.py`: a {args.layers + 2}-layer MLP (256-"
+        + f"{args.hidden}-" * (args.layers + 1)
+        + f"10, batch {args.batch}, AdamW, DataLoader) training on CPU "
         "with one thread, with and without `TorchInstrumentor` recording into a real otelgpu "
         "Runtime (OpenTelemetry SDK, batch span processor). "
         + (
@@ -554,6 +599,21 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             if not (args.export and args.step_spans_per_second)
             else "(every step has metrics)."
         ),
+        "",
+        "Paired by repetition (each repetition's instrumented median minus the plain median "
+        f"of the same repetition, over {args.reps} repetitions): median "
+        f"**{_pct(paired, 0.5):+.1f} µs** ({_pct(paired, 0.5) / (plain * 1e4):+.2f} %), "
+        f"quartiles {_pct(paired, 0.25):+.1f} to {_pct(paired, 0.75):+.1f} µs.",
+        "",
+        "glibc's mmap and trim thresholds: "
+        + (
+            "fixed for both modes (`fix_malloc_thresholds`; its dynamic threshold made "
+            "steps page-fault, or not, by the allocator's history)"
+            if args.fixed_malloc
+            else "glibc's dynamic defaults"
+        )
+        + f"; minor page faults per step: plain {faults_step['plain']:.1f}, instrumented "
+        f"{faults_step['instrumented']:.1f}.",
         "",
         f"Start-up, once per `instrument()`: **{startup_ms:+.1f} ms** (median over the "
         f"repetitions of `instrument()` plus the first {settle} steps, minus the same steps "

@@ -73,6 +73,8 @@ def count(value: object, field: str, stats: Rejecter | None) -> float | None:
 
 def duration(value: object, field: str, stats: Rejecter | None) -> float | None:
     """``value`` (seconds) if it is in ``[0, MAX_DURATION_S]``, else ``None`` (counted)."""
+    if type(value) is float and 0.0 <= value <= MAX_DURATION_S:  # the common case (NaN fails)
+        return value
     if value is None or not _accepted(value, MAX_DURATION_S, field, stats):
         return None
     return float(value)  # type: ignore[arg-type]
@@ -80,6 +82,8 @@ def duration(value: object, field: str, stats: Rejecter | None) -> float | None:
 
 def flops(value: object, field: str, stats: Rejecter | None) -> float | None:
     """``value`` if it is a FLOP count in ``[0, MAX_FLOPS]``, else ``None`` (counted)."""
+    if type(value) is float and 0.0 <= value <= MAX_FLOPS:  # every step's figure (NaN fails)
+        return value
     if value is None or not _accepted(value, MAX_FLOPS, field, stats):
         return None
     return float(value)  # type: ignore[arg-type]

@@ -129,3 +129,36 @@ def test_pipeline_values_accept_in_range() -> None:
     assert _values.count(2.5, "x", None) == 2.5
     assert _values.duration(0.25, "x", None) == 0.25
     assert _values.duration(None, "x", None) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (float("nan"), "nan"),
+        (float("inf"), "infinite"),
+        (-1.0, "negative"),
+        (1e25, "too_large"),
+        (True, "not_a_number"),
+    ],
+)
+def test_pipeline_values_float_fast_path_still_rejects(value: object, reason: str) -> None:
+    """The float fast path of ``flops``/``duration`` lets only in-range floats through."""
+    seen: list[tuple[str, str]] = []
+
+    class Stats:
+        def add_rejected(self, field: str, why: str) -> None:
+            seen.append((field, why))
+
+    assert _values.flops(value, "flops", Stats()) is None
+    assert seen == [("flops", reason)]
+    if value != 1e25:  # 1e25 s is too large too, 1e25 FLOPs the FLOP limit only
+        assert _values.duration(value, "queue_time_s", Stats()) is None
+
+
+def test_pipeline_values_float_fast_path_accepts_the_bounds() -> None:
+    assert _values.flops(0.0, "x", None) == 0.0
+    assert _values.flops(_values.MAX_FLOPS, "x", None) == _values.MAX_FLOPS
+    assert _values.flops(3, "x", None) == 3.0
+    assert type(_values.flops(3, "x", None)) is float
+    assert _values.duration(_values.MAX_DURATION_S, "x", None) == _values.MAX_DURATION_S
+    assert _values.duration(float(_values.MAX_DURATION_S) * 2, "x", None) is None

@@ -160,6 +160,42 @@ def test_shape_change_is_counted_again(run: RuntimeHarness) -> None:
     assert all(f == pytest.approx(long, rel=0.01) for f in figures[switch + 3 :])
 
 
+def test_roots_are_signed_through_their_call_slot_and_left_plain(run: RuntimeHarness) -> None:
+    """The shape signature is taken by a wrapper in the root's call slot, chained with
+    the step phases' timing (no forward hook: the model keeps torch's fast call path);
+    a compiled call put in the slot later (``module.compile()``) is wrapped again at the
+    first step whose signature misses, and the FLOPs go on; uninstrument leaves the
+    model as it was, the foreign call in place."""
+    from otelgpu.instrumentation.torch import _call_slot as call_slot
+
+    run.instrument()
+    model = Model()
+    train(model, STEPS, seq=8)
+    counter = _counter()
+    assert counter.measured == 1 and counter.failure is None
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    ((ref, signed),) = counter._linked
+    assert ref() is model and call_slot.linked(model, signed)
+    theirs_calls: list[int] = []
+
+    def theirs(*args: Any, **kwargs: Any) -> Any:
+        theirs_calls.append(1)
+        return model._call_impl(*args, **kwargs)
+
+    model._compiled_call_impl = theirs  # drops the phases' and the counter's wrappers
+    train(model, 6, seq=8)
+    assert theirs_calls  # theirs always runs
+    ((_, relinked),) = counter._linked
+    assert relinked is not signed and call_slot.linked(model, relinked)
+    figures = [s.get("otelgpu.train.flops") for s in _spans(run)[-6:]]
+    # the step that found the slot replaced carries none; the next ones have the figure
+    assert figures[0] is None
+    assert figures[-3:] == [pytest.approx(analytic_flops(8), rel=0.01)] * 3
+    assert counter.measured == 1  # not counted again
+    TorchInstrumentor().uninstrument()
+    assert vars(model)["_compiled_call_impl"] is theirs
+
+
 def test_at_most_max_measures_then_gives_up(
     run: RuntimeHarness, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,10 +8,14 @@ table of ``otelgpu.gpu_truth.peaks``). Between two closes it runs in three phase
 
 1. **Discover** (the first step after warm-up): global module forward hooks note the
    modules called outermost on the training thread (the model, the loss module; at
-   most :data:`MAX_ROOTS`). They then get instance forward pre-hooks of their own (one
-   call per root call per micro-batch, about 2-4 µs) that record the shapes and dtypes
-   of their inputs: the step's *shape signature* (all micro-batches, at most
-   :data:`MAX_CALLS` calls). No roots found: the signature is empty, i.e. constant.
+   most :data:`MAX_ROOTS`). Each then gets a wrapper of its calls in its
+   ``_compiled_call_impl`` slot (:mod:`~._call_slot`, chained with the step phases'
+   timing; an instance forward pre-hook where torch has no such slot, which puts every
+   call of the root on torch's slow path) that records the shapes and dtypes of its
+   inputs: the step's *shape signature* (all micro-batches, at most :data:`MAX_CALLS`
+   calls). No roots found: the signature is empty, i.e. constant. A wrapper dropped by a
+   replacement of the slot (``module.compile()``) is put back at the first step whose
+   signature then misses.
 2. **Count** (the next step): ``torch.utils.flop_counter.FlopCounterMode`` is entered at
    that step's start (the close of the previous one) and left at its close, so it counts
    forward and backward of every micro-batch of gradient accumulation (2·m·n·k per
@@ -51,6 +55,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from otelgpu.gpu_truth.flops import shape_signature
+from otelgpu.instrumentation.torch import _call_slot as call_slot
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._patch import Sink
 
@@ -105,6 +110,10 @@ class FlopsCounter:
         self._calls: list[Hashable] = []
         self._roots: dict[int, weakref.ref[Any]] = {}
         self._handles: list[Any] = []
+        #: (root, its wrapper) of the roots signed through their call slot
+        self._linked: list[tuple[weakref.ref[Any], Callable[..., Any]]] = []
+        self._has_slot = False
+        self._signing = False  # the slot wrappers record (False: pass-through)
         self._global: list[Any] = []
         self._depth = threading.local()
         self._mode: Any = None
@@ -116,11 +125,18 @@ class FlopsCounter:
     def install(self, torch: Any) -> None:
         """torch was imported: counting can start at the next step close."""
         self._torch = torch
+        self._has_slot = call_slot.has_slot()
 
     def undo(self) -> None:
         """Hooks off; a counter still entered is left (on its own thread only)."""
         self._remove(self._global)
         self._remove(self._handles)
+        self._signing = False
+        for ref, call in self._linked:
+            module = ref()
+            if module is not None:
+                call_slot.unlink(module, call)  # not linked: left a pass-through
+        self._linked = []
         if self._mode is not None:
             if threading.get_ident() == self._mode_thread:
                 self._leave()
@@ -141,6 +157,8 @@ class FlopsCounter:
             flops = self.by_signature.get(signature)
             if flops is not None:
                 return float(flops)
+            if self._relink():  # a root's slot was replaced: its calls were not signed
+                return None
             self._remeasure()
         elif phase == _START:
             if self._usable():
@@ -266,12 +284,52 @@ class FlopsCounter:
 
     def _discover_end(self) -> None:
         self._remove(self._global)
+        self._signing = True
         for ref in self._roots.values():
             module = ref()
-            if module is not None:
+            if module is None:
+                continue
+            if self._has_slot:
+                self._linked.append((ref, call_slot.link(module, self._signed_call(ref))))
+            else:
                 self._handles.append(
                     module.register_forward_pre_hook(self._root_pre, with_kwargs=True)
                 )
+
+    def _relink(self) -> bool:
+        """Wraps again the roots whose slot was replaced since; True if there was one."""
+        found = False
+        for i, (ref, call) in enumerate(self._linked):
+            module = ref()
+            if module is not None and not call_slot.linked(module, call):
+                self._linked[i] = (ref, call_slot.link(module, self._signed_call(ref)))
+                found = True
+        return found
+
+    def _signed_call(self, ref: weakref.ref[Any]) -> Callable[[call_slot.Box], Any]:
+        """The slot wrapper of root ``ref``: its input shapes into the signature (as
+        :meth:`_root_pre`), then the call it wraps."""
+        calls = self._calls
+
+        def make(box: call_slot.Box) -> Callable[..., Any]:
+            def signed_call(*args: Any, **kwargs: Any) -> Any:
+                if GATE.on and self._signing and len(calls) < MAX_CALLS:
+                    try:
+                        calls.append(
+                            shape_signature(*args, *kwargs.values())
+                            if kwargs
+                            else shape_signature(*args)
+                        )
+                    except Exception as exc:  # noqa: BLE001 - never raise into the host
+                        self._fail(f"shape signature failed: {exc!r}", exc)
+                inner = box[0]
+                if inner is not None:
+                    return inner(*args, **kwargs)
+                return ref()._call_impl(*args, **kwargs)  # type: ignore[union-attr]
+
+            return signed_call
+
+        return make
 
     def _global_pre(self, module: Any, args: Any) -> None:
         depth = getattr(self._depth, "n", 0)

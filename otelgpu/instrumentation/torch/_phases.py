@@ -43,6 +43,8 @@ from typing import Any
 
 from otelgpu.diagnosis.phases import Interval, phases_of, split_step
 from otelgpu.diagnosis.stragglers import COMM_SLOTS
+from otelgpu.instrumentation.torch import _call_slot as call_slot
+from otelgpu.instrumentation.torch._call_slot import Box
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._patch import ErrorSink, Patches, Sink, dynamo_skip
 from otelgpu.instrumentation.torch._steps import Clock, StepRecord
@@ -116,80 +118,62 @@ class TeeSink:
         self.inner.error(where, exc)
 
 
-def _has_slot() -> bool:
-    """Whether ``Module.__call__`` consults ``_compiled_call_impl`` and pickling drops it."""
-    try:
-        import torch
-
-        module = torch.nn.Module()
-        if "_compiled_call_impl" not in vars(torch.nn.Module):
-            return False
-        module._compiled_call_impl = len
-        return "_compiled_call_impl" not in module.__getstate__()  # type: ignore[no-untyped-call]
-    except Exception:  # noqa: BLE001 - a different Module: instance hooks instead
-        return False
-
-
 _HAS_SLOT = False
 """Set at install: torch's ``Module`` has the ``_compiled_call_impl`` slot and drops it
-from the pickled state (checked, not assumed from the version)."""
+from the pickled state (:func:`~._call_slot.has_slot`)."""
 
 
 class _TimedCall:
-    """The timed call of one root (see the module docstring); restorable."""
+    """The timed call of one root, chained in its slot (:mod:`~._call_slot`); restorable."""
 
-    __slots__ = ("__weakref__", "call", "hooks", "module", "prev")
+    __slots__ = ("__weakref__", "call", "hooks", "module")
 
     def __init__(self, hooks: PhaseHooks, module: Any) -> None:
         self.hooks = hooks
         self.module = weakref.ref(module)
-        self.prev: Any = None
         self.call: Any = None
         self._wrap(module)
 
     def _wrap(self, module: Any) -> None:
-        self.prev = module.__dict__.get("_compiled_call_impl")
-        inner = self.prev
         ref = self.module
         hooks = self.hooks
         tls, clock, forward = hooks._tls, hooks.clock, hooks.forward
 
-        def timed_call(*args: Any, **kwargs: Any) -> Any:
-            if not GATE.on:
-                target = inner if inner is not None else ref()._call_impl  # type: ignore[union-attr]
-                return target(*args, **kwargs)
-            # PhaseHooks._enter/_exit, inlined: every call of the model pays for them
-            depth = tls.fwd_depth
-            tls.fwd_depth = depth + 1
-            if not depth:
-                tls.fwd_start = clock()
-            try:
-                if inner is not None:
-                    return inner(*args, **kwargs)
-                return ref()._call_impl(*args, **kwargs)  # type: ignore[union-attr]
-            finally:
+        def make(box: Box) -> Callable[..., Any]:
+            def timed_call(*args: Any, **kwargs: Any) -> Any:
+                inner = box[0]
+                if not GATE.on:
+                    target = inner if inner is not None else ref()._call_impl  # type: ignore[union-attr]
+                    return target(*args, **kwargs)
+                # PhaseHooks._enter/_exit, inlined: every call of the model pays for them
                 depth = tls.fwd_depth
-                if depth > 0:
-                    tls.fwd_depth = depth - 1
-                    if depth == 1:
-                        forward.append((tls.fwd_start, clock()))
+                tls.fwd_depth = depth + 1
+                if not depth:
+                    tls.fwd_start = clock()
+                try:
+                    if inner is not None:
+                        return inner(*args, **kwargs)
+                    return ref()._call_impl(*args, **kwargs)  # type: ignore[union-attr]
+                finally:
+                    depth = tls.fwd_depth
+                    if depth > 0:
+                        tls.fwd_depth = depth - 1
+                        if depth == 1:
+                            forward.append((tls.fwd_start, clock()))
 
-        self.call = timed_call
-        module._compiled_call_impl = self.call
+            return timed_call
+
+        self.call = call_slot.link(module, make)
 
     def check(self) -> None:
         module = self.module()
-        if module is not None and module.__dict__.get("_compiled_call_impl") is not self.call:
+        if module is not None and not call_slot.linked(module, self.call):
             self._wrap(module)  # replaced while we were on: wrap the new call
 
     def restore(self) -> None:
         module = self.module()
-        if module is None or module.__dict__.get("_compiled_call_impl") is not self.call:
-            return  # gone, or replaced by its owner since: theirs now
-        if self.prev is None:
-            del module._compiled_call_impl  # back to the class's None
-        else:
-            module._compiled_call_impl = self.prev
+        if module is not None:
+            call_slot.unlink(module, self.call)  # not linked: gone, theirs now
 
 
 class PhaseHooks:
@@ -228,7 +212,7 @@ class PhaseHooks:
     def install(self, torch: Any) -> None:
         """Global discovery hooks and the backward wrapper (torch just imported)."""
         global _HAS_SLOT
-        _HAS_SLOT = _has_slot()
+        _HAS_SLOT = call_slot.has_slot()
         mm = torch.nn.modules.module
         self._global = [
             mm.register_module_forward_pre_hook(self._global_pre),

@@ -255,6 +255,7 @@ cdef class StepTracker:
 
     cdef dict __dict__  # instance attributes, as the twin allows (tests patch methods)
     cdef object _emit
+    cdef object _on_error
     cdef public object probe
     cdef public object flops
     cdef public object clock
@@ -301,8 +302,10 @@ cdef class StepTracker:
         long long max_warmup_ns=60_000_000_000,
         probe=None,
         flops=None,
+        on_error=None,
     ):
         self._emit = emit
+        self._on_error = on_error
         self.probe = probe
         self._probe_target = None
         self.flops = flops
@@ -793,12 +796,26 @@ cdef class StepTracker:
         self._flops_target = None
         # (a field assignment cannot raise: no try/finally around these two)
         if probed is not None and self.probe is not None:
-            value = self.probe()
+            try:
+                value = self.probe()
+            except Exception as exc:
+                if self._on_error is None:
+                    raise
+                self._on_error("torch.step_probe", exc)
+                value = None
             self._lock.acquire()
             probed.probe = value
             self._lock.release()
         if counted is not None and self.flops is not None:
-            value = self.flops()
+            try:
+                value = self.flops()
+            except Exception as exc:
+                if self._on_error is None:
+                    raise
+                self._on_error("torch.flops", exc)
+                value = None
+            if not isinstance(value, (float, int)):
+                value = None
             self._lock.acquire()
             counted.flops = value
             self._lock.release()
@@ -810,5 +827,12 @@ cdef class StepTracker:
             _logger.info(
                 "otelgpu torch: training steps end %s", RULE_TEXT.get(announce, announce)
             )
+        on_error = self._on_error
         for record in records:
-            self._emit(record)
+            if on_error is None:
+                self._emit(record)
+                continue
+            try:
+                self._emit(record)
+            except Exception as exc:  # reported; the next records go on
+                on_error("torch.step", exc)

@@ -169,3 +169,56 @@ def test_callbacks_raise_through_both_twins() -> None:
         assert emitted == sorted(emitted) and raised[0] not in emitted, cls
         seen.append((emitted, raised))
     assert seen[0] == seen[1]
+
+
+def test_callback_errors_go_to_on_error_alike_in_both_twins() -> None:
+    """With ``on_error`` (the session's sink), what the emit, probe or FLOPs callbacks
+    raise is reported there, never raised: the failing record is lost, the records after
+    it are delivered, a failed probe or FLOPs source leaves the step without its value,
+    and a FLOPs source that returns no number gives none."""
+    assert _NATIVE is not None
+    seen = []
+    for cls in (PyStepTracker, _NATIVE.StepTracker):
+        emitted: list[tuple[int, object, object]] = []
+        errors: list[tuple[str, str]] = []
+        calls = itertools.count(1)
+
+        def emit(record: StepRecord, emitted: list[Any] = emitted) -> None:
+            if record.step == 5:
+                raise RuntimeError("sink failed")
+            emitted.append((record.step, record.probe, record.flops))
+
+        def probe(calls: Any = calls) -> object:
+            n = next(calls)
+            if n % 7 == 0:
+                raise ValueError("probe failed")
+            return n
+
+        flops_calls = itertools.count(1)
+
+        def flops(flops_calls: Any = flops_calls) -> Any:
+            n = next(flops_calls)
+            if n % 9 == 0:
+                raise KeyError("flops failed")
+            return "many" if n % 11 == 0 else float(n)
+
+        def on_error(where: str, exc: BaseException, errors: list[Any] = errors) -> None:
+            errors.append((where, type(exc).__name__))
+
+        t = cls(
+            emit, clock=itertools.count(1).__next__, probe=probe, flops=flops, on_error=on_error
+        )
+        for _ in range(40):
+            t.backward_begin()
+            t.backward_end()
+            t.optimizer_step(1)
+        t.flush()
+        steps = [s for s, _, _ in emitted]
+        assert 5 not in steps and steps == sorted(steps) and steps[-1] >= 20, cls
+        assert ("torch.step", "RuntimeError") in errors, cls
+        assert ("torch.step_probe", "ValueError") in errors, cls
+        assert ("torch.flops", "KeyError") in errors, cls
+        assert any(p is None for _, p, _ in emitted), cls  # the failed probe's step
+        assert all(f is None or isinstance(f, float) for _, _, f in emitted), cls
+        seen.append((emitted, errors))
+    assert seen[0] == seen[1]

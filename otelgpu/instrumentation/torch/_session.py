@@ -31,7 +31,8 @@ class Session:
         clock: ns clock (default: monotonic on the ``time.time_ns`` epoch).
         step_optimizer: the optimizer whose steps define steps (anchor override).
         data, comm, checkpoints: which hook families to install.
-        probe: called when a step closes (allocator statistics); errors reported.
+        probe: called when a step closes (allocator statistics); errors reported (the
+            step then carries none).
         gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
         flops: model FLOPs of each step that closes (the tracker's ``flops`` source, e.g.
             ``FlopsCounter.step_closed``); errors reported, the step then carries none.
@@ -55,16 +56,17 @@ class Session:
         ddp_modules: weakref.WeakSet[Any] | None = None,
     ) -> None:
         self.sink = sink
-        self._probe = probe
-        self._flops = flops
-        self._on_step = on_step
         self.names: dict[int, str] = {}
+        # The three callbacks run on the training thread at every step's close: the
+        # tracker catches their exceptions and reports them to the sink (no wrapper
+        # frame each).
         self.tracker = StepTracker(
-            self._deliver,
+            on_step,
             clock=clock,
             step_optimizer=None if step_optimizer is None else id(step_optimizer),
-            probe=None if probe is None else self._safe_probe,
-            flops=None if flops is None else self._safe_flops,
+            probe=probe,
+            flops=flops,
+            on_error=sink.error,
         )
         self.installation = Installation(
             self.tracker,
@@ -80,37 +82,6 @@ class Session:
         #: Extra installers (e.g. the phase hooks): ``install(torch)`` when torch is
         #: imported, ``undo()`` on stop.
         self.extensions: list[Any] = []
-
-    def _deliver(self, record: StepRecord) -> None:
-        try:
-            self._on_step(record)
-        except Exception as exc:  # noqa: BLE001 - never raise into the host
-            self.sink.error("torch.step", exc)
-
-    # The two sources run on the training thread at every step's close: one frame each.
-    def _safe_probe(self) -> object:
-        try:
-            return self._probe() if self._probe is not None else None
-        except Exception as exc:  # noqa: BLE001 - never raise into the host
-            self.sink.error("torch.step_probe", exc)
-            return None
-
-    def _safe_flops(self) -> float | None:
-        try:
-            flops = self._flops() if self._flops is not None else None
-        except Exception as exc:  # noqa: BLE001 - never raise into the host
-            self.sink.error("torch.flops", exc)
-            return None
-        return flops if isinstance(flops, (float, int)) else None
-
-    def _safe(self, fn: Callable[[], object] | None, where: str) -> object:
-        if fn is None:
-            return None
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - never raise into the host
-            self.sink.error(where, exc)
-            return None
 
     def _on_torch(self, torch: ModuleType) -> None:
         try:

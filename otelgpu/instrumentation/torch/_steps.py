@@ -106,8 +106,8 @@ class PyStepTracker:
 
     Args:
         emit: called with each finished step, outside the tracker's lock. Exceptions
-            from it propagate to the caller of the event method (the hooks layer
-            catches and reports them).
+            from it go to ``on_error`` (``torch.step``), or without one propagate to the
+            caller of the event method.
         clock: ns clock used when an event method gets no explicit time.
         window: number of recent optimizer steps the anchor rule looks at.
         step_optimizer: ``id()`` of the optimizer whose steps define steps (overrides
@@ -120,11 +120,17 @@ class PyStepTracker:
             history must still cover the first steps when they are emitted).
         probe: called (outside the lock) the moment a step or segment closes; its result
             is kept as :attr:`StepRecord.probe` (e.g. allocator statistics at the step's
-            end, before the next forward allocates activations). Exceptions propagate.
+            end, before the next forward allocates activations). Exceptions: as ``emit``'s.
         flops: called (outside the lock, on the thread that closed it, after ``probe``)
             the moment a *step* closes once the rule is decided -- never for warm-up
-            segments; its result is kept as :attr:`StepRecord.flops` (the FLOP counter
-            of ``_flops.py`` counts between two calls). Exceptions propagate.
+            segments; its result is kept as :attr:`StepRecord.flops` when it is a number
+            (an ``int`` or ``float``; else None: the FLOP counter of ``_flops.py``
+            counts between two calls). Exceptions: as ``emit``'s.
+        on_error: receives ``(where, exception)`` of a failing ``emit``, ``probe``
+            (``torch.step_probe``) or ``flops`` (``torch.flops``; the step then carries
+            none) instead of the caller; must not raise. The session's error sink: the
+            callbacks run on the training thread at every step's close, and catching
+            here spares each a wrapper's frame.
     """
 
     def __init__(
@@ -140,8 +146,10 @@ class PyStepTracker:
         max_warmup_ns: int = 60_000_000_000,
         probe: Callable[[], object] | None = None,
         flops: Callable[[], float | None] | None = None,
+        on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self._emit = emit
+        self._on_error = on_error
         self.probe = probe
         self._probe_target: Accum | None = None
         self.flops = flops
@@ -586,14 +594,25 @@ class PyStepTracker:
         for a step that did (lock not held)."""
         probed, self._probe_target = self._probe_target, None
         counted, self._flops_target = self._flops_target, None
-        self._fill(probed, self.probe, "probe")
-        self._fill(counted, self.flops, "flops")
+        self._fill(probed, self.probe, "probe", "torch.step_probe")
+        self._fill(counted, self.flops, "flops", "torch.flops")
 
-    def _fill(self, target: Accum | None, source: Callable[[], object] | None, name: str) -> None:
-        if target is not None and source is not None:
+    def _fill(
+        self, target: Accum | None, source: Callable[[], object] | None, name: str, where: str
+    ) -> None:
+        if target is None or source is None:
+            return
+        try:
             value = source()
-            with self._lock:
-                setattr(target, name, value)
+        except Exception as exc:
+            if self._on_error is None:
+                raise
+            self._on_error(where, exc)
+            value = None
+        if name == "flops" and not isinstance(value, float | int):
+            value = None
+        with self._lock:
+            setattr(target, name, value)
 
     def _deliver(self, records: Records) -> None:
         if not records:
@@ -602,8 +621,15 @@ class PyStepTracker:
         if announce is not None:
             self._announce = None
             _logger.info("otelgpu torch: training steps end %s", RULE_TEXT.get(announce, announce))
+        on_error = self._on_error
         for record in records:
-            self._emit(record)
+            if on_error is None:
+                self._emit(record)
+                continue
+            try:
+                self._emit(record)
+            except Exception as exc:  # noqa: BLE001 - reported; the next records go on
+                on_error("torch.step", exc)
 
 
 if TYPE_CHECKING:

@@ -167,6 +167,8 @@ class TorchGauges:
         """Reads DDP's averages at ``step`` if due (:data:`DDP_READ_EVERY`)."""
         if step > DDP_READ_EVERY and step % DDP_READ_EVERY != 0:
             return
+        if not self._ddp_modules:  # no DDP: nothing to copy and walk
+            return
         for module in list(self._ddp_modules):
             try:
                 data = module._get_ddp_logging_data()

@@ -37,7 +37,7 @@ from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch import _steps
 from otelgpu.instrumentation.torch._cuda_events import PENDING_LIMIT, CudaEventTimer, Resolved
 from otelgpu.instrumentation.torch._devices import StepDevices
-from otelgpu.instrumentation.torch._gauges import TorchGauges
+from otelgpu.instrumentation.torch._gauges import DDP_READ_EVERY, TorchGauges
 from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
 from otelgpu.instrumentation.torch._runtime_ref import RuntimeRef
 from otelgpu.instrumentation.torch._step_queue import StepQueue
@@ -327,14 +327,18 @@ class Telemetry:
             fields[N.SPAN_LOADER_STARTUP] = record.loader_startup_ns / 1e9
         if record.optimizer_ns:
             fields[N.SPAN_OPTIMIZER] = record.optimizer_ns / 1e9
-        self._gpu_fields(record, fields)
+        # (each call below only when it has something to do: this runs for every step)
+        if self.gpu_timer is not None:
+            self._gpu_fields(record, fields)
         events = list(record.events)
-        memory = self._memory_fields(inst, record, events)
-        if memory is not None:
-            fields[N.SPAN_MEM_ALLOCATED] = memory.allocated_bytes
-            fields[N.SPAN_MEM_RESERVED] = memory.reserved_bytes
-            fields[N.SPAN_MEM_PEAK] = memory.peak_allocated_bytes
-        self.gauges.read_ddp(record.step)
+        if isinstance(record.probe, StepProbe):
+            memory = self._memory_fields(inst, record, events)
+            if memory is not None:
+                fields[N.SPAN_MEM_ALLOCATED] = memory.allocated_bytes
+                fields[N.SPAN_MEM_RESERVED] = memory.reserved_bytes
+                fields[N.SPAN_MEM_PEAK] = memory.peak_allocated_bytes
+        if record.step <= DDP_READ_EVERY or record.step % DDP_READ_EVERY == 0:
+            self.gauges.read_ddp(record.step)
         for observer in self._step_observers:
             try:
                 observer(record, fields, events)

@@ -158,6 +158,13 @@ class TorchGauges:
         with self._lock:
             self._ring.append((duration_ns, data_wait_ns, comm_wait_ns))
 
+    def add_steps(self, rows: list[tuple[int, int, int]]) -> None:
+        """Finished steps ``(duration, data wait, comm wait)`` (ns), in order, into the
+        ratio ring: :meth:`add_step` for each, under one lock."""
+        if rows:
+            with self._lock:
+                self._ring.extend(rows)
+
     def set_memory(self, snapshot: MemorySnapshot) -> None:
         """The latest allocator snapshot."""
         with self._lock:

@@ -127,6 +127,9 @@ class Telemetry:
         #: optimizer steps (applied, skipped) and micro-batches of the steps consumed in
         #: the current drain: added to their counters once per drain, not once per step
         self._counts = [0, 0, 0]
+        #: the drain's data waits (s) and ratio-ring rows, published with the counts
+        self._data_waits: list[float] = []
+        self._ratio_rows: list[tuple[int, int, int]] = []
 
     # ------------------------------------------------------------------ runtime
 
@@ -218,15 +221,21 @@ class Telemetry:
         self._queue.forget()
 
     def _publish_counts(self) -> None:
-        """The drain's optimizer-step and micro-batch totals into their counters (the
-        exported sums are the same as per-step adds; a drain ends before every flush)."""
+        """The drain's optimizer-step and micro-batch totals into their counters, its data
+        waits into their sketch and its steps into the ratio ring (the exported figures are
+        the same as per-step adds: a drain ends before every flush and collection)."""
         applied, skipped, micro = self._counts
         self._counts = [0, 0, 0]
+        waits, self._data_waits = self._data_waits, []
+        rows, self._ratio_rows = self._ratio_rows, []
         rt = self.runtime()
-        if rt is None or not (applied or skipped or micro):
+        if rt is None:
             return
         try:
+            self.gauges.add_steps(rows)
             inst = self._instruments(rt)
+            if waits:
+                inst[C.DATA_WAIT.name].record_many(waits)
             if applied > 0:
                 inst[C.OPTIMIZER_STEPS.name].add(applied, _APPLIED)
             if skipped:
@@ -306,12 +315,12 @@ class Telemetry:
         if rt is None:
             return
         inst = self._instruments(rt)
-        self.gauges.add_step(record.duration_ns, record.data_wait_ns, record.comm_wait_ns)
+        self._ratio_rows.append((record.duration_ns, record.data_wait_ns, record.comm_wait_ns))
         counts = self._counts
         counts[0] += record.optimizer_steps - record.skipped_optimizer_steps
         counts[1] += record.skipped_optimizer_steps
         counts[2] += record.micro_batches
-        inst[C.DATA_WAIT.name].record(record.data_wait_ns / 1e9)
+        self._data_waits.append(record.data_wait_ns / 1e9)
         fields: dict[str, Any] = {
             N.SPAN_MICRO_BATCHES: record.micro_batches,
             N.SPAN_OPTIMIZER_STEPS: record.optimizer_steps,

@@ -372,7 +372,10 @@ class Telemetry:
             samples=record.samples,
             tokens=record.tokens,
             span_attributes=fields,
-            devices=self._step_devices(rt, record.step),
+            # no sampler, no GPU context: skip the resolver's frame (every step)
+            devices=None
+            if getattr(rt, "sampler", None) is None
+            else self._step_devices(rt, record.step),
             # the configured figure wins; else what the FLOP counter measured for the step
             flops=self.flops_per_step if self.flops_per_step is not None else record.flops,
             events=events,

@@ -796,29 +796,28 @@ cdef class StepTracker:
         self._flops_target = None
         # (a field assignment cannot raise: no try/finally around these two)
         if probed is not None and self.probe is not None:
-            try:
-                value = self.probe()
-            except Exception as exc:
-                if self._on_error is None:
-                    raise
-                self._on_error("torch.step_probe", exc)
-                value = None
+            value = self._call(self.probe, "torch.step_probe")
             self._lock.acquire()
             probed.probe = value
             self._lock.release()
         if counted is not None and self.flops is not None:
-            try:
-                value = self.flops()
-            except Exception as exc:
-                if self._on_error is None:
-                    raise
-                self._on_error("torch.flops", exc)
-                value = None
+            value = self._call(self.flops, "torch.flops")
             if not isinstance(value, (float, int)):
                 value = None
             self._lock.acquire()
             counted.flops = value
             self._lock.release()
+
+    cdef object _call(self, object source, str where):
+        """``source()``; what it raises goes to ``on_error`` (then None), or without one
+        to the caller."""
+        try:
+            return source()
+        except Exception as exc:
+            if self._on_error is None:
+                raise
+            self._on_error(where, exc)
+            return None
 
     cdef void _deliver(self, list records) except *:
         announce = self._announce

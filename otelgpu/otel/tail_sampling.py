@@ -9,8 +9,12 @@ step is known then), whether the span is exported:
   ``…throttled_fraction``), and **slow** steps -- longer than twice the running mean
   step time (an exponentially weighted mean over about 100 steps);
 * the rest: at most ``per_second`` spans per second (a token bucket of one second's
-  worth), so below that rate every step is exported and above it 1 in N, evenly spaced,
-  with N = rate / ``per_second``.
+  worth; the steps always kept do not take from it), so below that rate every step is
+  exported and above it 1 in N, evenly spaced, with N = rate / ``per_second``. The
+  bucket fills on the steps' own clock (their end times), not when they are decided:
+  steps decided in a batch -- the torch instrumentation's background thread takes half
+  a second of steps at a time -- are thinned as evenly as steps decided one by one, not
+  "the first N of each batch".
 
 Only spans named ``otelgpu.train.step`` are sampled (requests and everything else pass).
 Metrics are recorded before any of this and stay exact. A step never exported is counted
@@ -57,7 +61,7 @@ class StepSpanSampler:
     def __init__(self, per_second: float) -> None:
         self.per_second = float(per_second)
         self._tokens = self.per_second
-        self._last = time.monotonic()
+        self._last_ns = time.time_ns()  # the newest end time the bucket was filled to
         self._mean_ns = 0.0
         self._lock = threading.Lock()
         #: span id -> the upstream decision, until the span ends (``decided``/``keep``).
@@ -68,24 +72,34 @@ class StepSpanSampler:
         """Whether it samples at all (``per_second > 0``)."""
         return self.per_second > 0
 
-    def decide(self, duration_ns: int, important: bool) -> bool:
-        """Whether to keep a step of ``duration_ns`` (the budget, a slow step, or
-        ``important``: failed, with GPU health events or flags). Updates the running mean
-        and the budget: call it once per step. Thread-safe."""
+    def decide(self, duration_ns: int, important: bool, end_ns: int | None = None) -> bool:
+        """Whether to keep a step of ``duration_ns`` that ended at ``end_ns`` (span time,
+        ns since the epoch; None: now): a slow step, an ``important`` one (failed, with GPU
+        health events or flags), or an ordinary one within the budget. Updates the running
+        mean and the budget: call it once per step, in step order. Slow and important
+        steps are kept outside the budget (it is the ordinary steps' share). The budget
+        fills by the time between the newest end time seen and ``end_ns`` (an end time
+        older than that adds nothing: a step of another thread decided late).
+        Thread-safe."""
         if self.per_second <= 0:
             return True
+        if end_ns is None:
+            end_ns = time.time_ns()
         with self._lock:
             mean = self._mean_ns
             self._mean_ns = duration_ns if not mean else mean + _ALPHA * (duration_ns - mean)
-            now = time.monotonic()
-            self._tokens = min(self.per_second, self._tokens + (now - self._last) * self.per_second)
-            self._last = now
+            elapsed_ns = end_ns - self._last_ns
+            if elapsed_ns > 0:
+                self._last_ns = end_ns
+                self._tokens = min(
+                    self.per_second, self._tokens + elapsed_ns * self.per_second / 1e9
+                )
+            if important or (mean and duration_ns > _SLOW_FACTOR * mean):
+                return True
             if self._tokens >= 1.0:
                 self._tokens -= 1.0
                 return True
-        if mean and duration_ns > _SLOW_FACTOR * mean:
-            return True
-        return important
+            return False
 
     def decided(self, span_id: int, keep: bool) -> None:
         """Record the upstream decision on a live step span just before it ends: every
@@ -122,6 +136,7 @@ class StepSpanSampler:
                 or span.status.status_code is StatusCode.ERROR
                 or flagged(span.attributes)
             )
-            return self.decide((span.end_time or 0) - (span.start_time or 0), important)
+            end = span.end_time
+            return self.decide((end or 0) - (span.start_time or 0), important, end)
         except Exception:  # noqa: BLE001 - when in doubt, export
             return True

@@ -133,7 +133,7 @@ class StepRecorder(Recorder[StepRecord]):
                 span is None or (span.is_recording() and self._is_step(span))
             ):
                 keep = sampler.decide(
-                    end_ns - start_ns, self._important(record, context, events, span)
+                    end_ns - start_ns, self._important(record, context, events, span), end_ns
                 )
                 if span is None:  # after the fact: only a kept step gets a span
                     span = self._start(record) if keep else INVALID_SPAN

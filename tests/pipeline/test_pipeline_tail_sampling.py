@@ -4,6 +4,7 @@ exported, metrics exact, the SDK's sampler and resource settings still in force.
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,11 @@ def test_pipeline_high_rate_keeps_health_slow_and_failed_steps(receiver: Any) ->
     steps = {attributes(s.attributes)["otelgpu.train.step"] for s in _step_spans(receiver)}
     assert set(special) <= steps
     assert len(steps) < n // 5  # thinned: the budget, not every step
+    # 20 spans per second of the steps' own time (1 ms apart: 1 in 50), evenly spaced
+    # after the bucket's first second, however fast the loop recorded them
+    ordinary = sorted(s for s in steps if s > 100 and s not in special)
+    assert 55 <= len(ordinary) <= 60
+    assert max(b - a for a, b in itertools.pairwise(ordinary)) <= 60
     sampled_out = runtime.stats.dropped().get(("traces", "tail_sampled"), 0)
     assert sampled_out + len(steps) == n + 3
     handle.shutdown()
@@ -247,3 +253,41 @@ def test_pipeline_step_sampled_out_before_its_health_event_is_exported(
     total = receiver.last_metric(names.TRAIN_STEPS.name)
     assert total is not None
     assert sum(p.as_int for p in total.sum.data_points) == 67
+
+
+def _kept(sampler: Any, ends_ns: list[int], duration_ns: int = 4_000_000) -> list[int]:
+    """Indices of the steps ``sampler`` keeps, decided in one batch (as the torch
+    instrumentation's background thread decides half a second of steps at a time)."""
+    return [i for i, end in enumerate(ends_ns) if sampler.decide(duration_ns, False, end)]
+
+
+def test_tail_sampler_spaces_a_batch_of_steps_evenly_by_their_own_end_times() -> None:
+    """200 steps/s over 10 s, decided together after the fact, with a budget of 100
+    spans/s: once the bucket's burst (one second's worth) is spent, every other step is
+    kept, across the whole batch -- not the first steps of the batch and none after (the
+    bucket fills on the steps' end times, not on the clock of the decision)."""
+    from otelgpu.otel.tail_sampling import StepSpanSampler
+
+    sampler = StepSpanSampler(100)
+    t0 = time.time_ns() + 10_000_000_000  # the steps end after the sampler was made
+    ends = [t0 + i * 5_000_000 for i in range(2000)]
+    kept = _kept(sampler, ends)
+    # the burst: 100 tokens, refilled by half a token per step, last 200 steps
+    assert kept[:199] == list(range(199))
+    steady = [i for i in kept if i >= 200]
+    assert 895 <= len(steady) <= 905  # 100/s of 200/s over the remaining 9 s
+    assert {b - a for a, b in itertools.pairwise(steady)} == {2}  # evenly
+    assert steady[-1] >= 1997  # to the end of the batch
+
+
+def test_tail_sampler_budget_does_not_refill_from_an_older_end_time() -> None:
+    """A step that ended before the newest one decided (another thread's, decided late)
+    adds nothing to the budget, and the budget never exceeds one second's worth."""
+    from otelgpu.otel.tail_sampling import StepSpanSampler
+
+    sampler = StepSpanSampler(10)
+    t0 = time.time_ns() + 10_000_000_000
+    assert len(_kept(sampler, [t0] * 30)) == 10  # the bucket, then nothing at one instant
+    assert not _kept(sampler, [t0 - 5_000_000_000] * 5)  # older: no refill
+    # 100 s later: one second's worth again, not 100 s worth
+    assert len(_kept(sampler, [t0 + 100_000_000_000] * 30)) == 10

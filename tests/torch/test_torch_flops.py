@@ -48,11 +48,18 @@ def analytic_flops(seq: int) -> int:
     return 6 * linear_params * BATCH * seq * MICRO
 
 
-def train(model: torch.nn.Module, steps: int, seq: int, *, boom: bool = False) -> None:
+def train(
+    model: torch.nn.Module,
+    steps: int,
+    seq: int,
+    *,
+    boom: bool = False,
+    dtype: torch.dtype = torch.int64,
+) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(steps):
         for _ in range(MICRO):  # gradient accumulation: one optimizer step per MICRO
-            ids = torch.randint(0, VOCAB, (BATCH, seq))
+            ids = torch.randint(0, VOCAB, (BATCH, seq), dtype=dtype)
             out = model(ids)
             if boom:
                 out = out + torch.ops.otelgpu_test.boom(out.detach()) * 0
@@ -158,6 +165,18 @@ def test_shape_change_is_counted_again(run: RuntimeHarness) -> None:
     switch = max(i for i, f in enumerate(figures) if f is not None and f < long * 0.75)
     assert figures[switch + 1 : switch + 3] == [None, None]
     assert all(f == pytest.approx(long, rel=0.01) for f in figures[switch + 3 :])
+
+
+def test_dtype_change_is_a_new_signature(run: RuntimeHarness) -> None:
+    """The same shapes in another dtype are another signature: counted again."""
+    run.instrument()
+    model = Model()
+    train(model, STEPS, seq=8)
+    assert _counter().measured == 1
+    train(model, 8, seq=8, dtype=torch.int32)
+    assert _counter().measured == 2
+    figures = [s.get("otelgpu.train.flops") for s in _spans(run)]
+    assert figures[-1] == pytest.approx(analytic_flops(8), rel=0.01)
 
 
 def test_roots_are_signed_through_their_call_slot_and_left_plain(run: RuntimeHarness) -> None:

@@ -163,3 +163,57 @@ def test_oom_without_observer_still_counted(harness: RuntimeHarness) -> None:
     counts = [len([e for e in s.events if e.name == N.EVENT_OOM]) for s in spans]
     assert counts == [0, 1, 0]
     assert harness.metrics()[C.OOMS.name] == [({N.ATTR_DEVICE: 0}, 1)]
+
+
+def test_cpu_build_stops_probing_after_the_first_step(harness: RuntimeHarness) -> None:
+    """This CPU build has no allocator statistics: the first step's probe finds that out
+    and the tracker calls no probe from then on (a call per step saved); the steps are
+    recorded as before, without memory attributes."""
+    inst = harness.instrument()
+    telemetry, session = inst.telemetry, inst.session
+    assert telemetry is not None and session is not None
+    assert session.tracker.probe is not None
+    calls = []
+    probe = session.tracker.probe
+
+    def counted() -> Any:
+        calls.append(1)
+        return probe()
+
+    session.tracker.probe = counted
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    flush()
+    assert len(calls) == 1 and session.tracker.probe is None
+    spans = harness.step_spans()
+    assert len(spans) == 5
+    assert all(N.SPAN_MEM_ALLOCATED not in attributes_of(s) for s in spans)
+
+
+def test_a_build_with_allocator_statistics_keeps_probing(harness: RuntimeHarness) -> None:
+    """Where the allocator can report (CUDA not initialised yet), the probe stays: the
+    first steps carry nothing, the ones after CUDA's first use carry the statistics."""
+    fake = FakeAllocator()
+    inst = harness.instrument()
+    telemetry, session = inst.telemetry, inst.session
+    assert telemetry is not None and session is not None
+    telemetry._memory_factory = lambda on_oom: CudaMemory(fake.torch, on_oom)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(4):
+        fake.initialized = i >= 2
+        fake.stats = _stats((10 + i) * MiB, 64 * MiB, (12 + i) * MiB, 0)
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    flush()
+    assert session.tracker.probe is not None
+    spans = harness.step_spans()
+    assert [attributes_of(s).get(N.SPAN_MEM_ALLOCATED) for s in spans] == [
+        None,
+        None,
+        12 * MiB,
+        13 * MiB,
+    ]

@@ -223,6 +223,9 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             ddp_modules=ddp_modules,
             flops=None if counter is None else counter.step_closed,
         )
+        # A CPU build of torch has no allocator statistics: the tracker stops probing
+        # (a call per step) once the telemetry knows it.
+        telemetry.on_probe_idle = lambda: setattr(session.tracker, "probe", None)
         if counter is not None:
             session.extensions.append(counter)
         if phases is not None:

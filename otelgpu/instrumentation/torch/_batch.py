@@ -46,8 +46,10 @@ def infer_batch(batch: Any) -> tuple[int | None, int | None]:
     # each, and this runs on the training thread for every batch).
     if isinstance(batch, (tuple, list)):
         for item in batch[:4]:
-            if _is_tensor(item):
-                return _rows(item), None
+            # _is_tensor and _rows, inlined: a tensor first is the usual batch
+            shape = getattr(item, "shape", None)
+            if shape is not None and hasattr(item, "numel"):
+                return (int(shape[0]) if len(shape) else None), None
             if isinstance(item, Mapping):
                 return _from_mapping(item)
         return None, None

@@ -310,16 +310,22 @@ class FlopsCounter:
         """The slot wrapper of root ``ref``: its input shapes into the signature (as
         :meth:`_root_pre`), then the call it wraps."""
         calls = self._calls
+        tensor = self._torch.Tensor
 
         def make(box: call_slot.Box) -> Callable[..., Any]:
             def signed_call(*args: Any, **kwargs: Any) -> Any:
                 if GATE.on and self._signing and len(calls) < MAX_CALLS:
                     try:
-                        calls.append(
-                            shape_signature(*args, *kwargs.values())
-                            if kwargs
-                            else shape_signature(*args)
-                        )
+                        if not kwargs and len(args) == 1 and type(args[0]) is tensor:
+                            # shape_signature(x) of the usual model(x), inlined (per call)
+                            x = args[0]
+                            calls.append(((x.shape, x.dtype),))
+                        else:
+                            calls.append(
+                                shape_signature(*args, *kwargs.values())
+                                if kwargs
+                                else shape_signature(*args)
+                            )
                     except Exception as exc:  # noqa: BLE001 - never raise into the host
                         self._fail(f"shape signature failed: {exc!r}", exc)
                 inner = box[0]

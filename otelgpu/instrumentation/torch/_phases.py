@@ -63,6 +63,8 @@ class _Local(threading.local):
         self.fwd_depth = 0
         self.fwd_start = 0
         self.bwd_depth = 0
+        #: ``fwd_start`` when this thread's backward last found the root wrapped
+        self.checked_fwd = 0
 
 
 def _take(ring: deque[Interval], end_ns: int) -> list[Interval]:
@@ -316,10 +318,15 @@ class PhaseHooks:
             if not GATE.on or tls.bwd_depth:
                 return wrapped(*args, **kwargs)
             if self._wrapped:
-                try:
-                    self._check_slots()
-                except Exception as exc:  # noqa: BLE001 - never raise into the host
-                    self._sink.error("torch.phases.roots", exc)
+                # One root whose timed call ran since the last backward (a new forward
+                # start) is still in its slot: no chain walk (this runs every step).
+                started = tls.fwd_start
+                if len(self._wrapped) > 1 or started == tls.checked_fwd:
+                    try:
+                        self._check_slots()
+                    except Exception as exc:  # noqa: BLE001 - never raise into the host
+                        self._sink.error("torch.phases.roots", exc)
+                tls.checked_fwd = started
             elif self.discovering:
                 self._backwards += 1
                 if self._backwards >= DISCOVERY_BACKWARDS:

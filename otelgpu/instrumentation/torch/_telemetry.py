@@ -130,6 +130,9 @@ class Telemetry:
         #: the drain's data waits (s) and ratio-ring rows, published with the counts
         self._data_waits: list[float] = []
         self._ratio_rows: list[tuple[int, int, int]] = []
+        #: called once :meth:`probe` can never return anything (a torch build without
+        #: CUDA allocator statistics, no GPU step timing): its caller may stop calling it
+        self.on_probe_idle: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ runtime
 
@@ -424,6 +427,13 @@ class Telemetry:
         if self.memory is None and self._memory_factory is not None:
             self.memory = self._memory_factory(self.oom)
             self._memory_factory = None
+            idle = self.on_probe_idle
+            if (
+                idle is not None
+                and (self.memory is None or not self.memory.available)
+                and (timer is None or not timer.steps)
+            ):
+                idle()  # this call still answers; no later one has anything to take
         reader = self.memory
         memory = None if reader is None else reader.read()
         return None if memory is None and event is None else StepProbe(memory, event)

@@ -196,6 +196,11 @@ class Runtime:
         """Record a finished training step; returns its (ended) span. Never raises."""
         return self.steps.record(record)
 
+    def record_steps(self, records: Iterable[StepRecord], *, spans: bool = True) -> None:
+        """:meth:`record_step` of each record in order (``spans=False``: metrics only),
+        the step metrics added once for the batch. Never raises."""
+        self.steps.record_many(records, spans=spans)
+
     def start_request_span(self, record: RequestRecord) -> Span:
         """A live SERVER span for a request whose metrics :meth:`finish_request` records."""
         return self.requests.start_span(record)

@@ -61,7 +61,7 @@ class StepSpanSampler:
     def __init__(self, per_second: float) -> None:
         self.per_second = float(per_second)
         self._tokens = self.per_second
-        self._last_ns = time.time_ns()  # the newest end time the bucket was filled to
+        self._last_ns: int | None = None  # the newest end time the bucket was filled to
         self._mean_ns = 0.0
         self._lock = threading.Lock()
         #: span id -> the upstream decision, until the span ends (``decided``/``keep``).
@@ -88,12 +88,13 @@ class StepSpanSampler:
         with self._lock:
             mean = self._mean_ns
             self._mean_ns = duration_ns if not mean else mean + _ALPHA * (duration_ns - mean)
-            elapsed_ns = end_ns - self._last_ns
-            if elapsed_ns > 0:
+            last = self._last_ns
+            if last is None or end_ns > last:  # the first step finds the bucket full
+                if last is not None:
+                    self._tokens = min(
+                        self.per_second, self._tokens + (end_ns - last) * self.per_second / 1e9
+                    )
                 self._last_ns = end_ns
-                self._tokens = min(
-                    self.per_second, self._tokens + elapsed_ns * self.per_second / 1e9
-                )
             if important or (mean and duration_ns > _SLOW_FACTOR * mean):
                 return True
             if self._tokens >= 1.0:

@@ -5,7 +5,7 @@ the class, so the runtime's internals can change without touching them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -36,6 +36,12 @@ class RuntimeAPI(Protocol):
 
     def record_step(self, record: StepRecord) -> Span:
         """Span and metrics of a finished step; returns the ended span."""
+        ...
+
+    def record_steps(self, records: Iterable[StepRecord], *, spans: bool = True) -> None:
+        """:meth:`record_step` of each record in order (``spans=False``: metrics only, as
+        :meth:`finish_step` of a non-recording span), the step metrics added once for the
+        batch: for a background thread that has many steps at hand."""
         ...
 
     def start_step_span(self, record: StepRecord) -> Span:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -44,6 +45,21 @@ def step_attributes(
 #: A step looks at the sampler's event count at most once per millisecond
 #: (events are published a round late, held steps wait two intervals: plenty of looks).
 _LOOK_EVERY_NS = 1_000_000
+
+
+class StepMetrics:
+    """The step metrics of a batch of records without ``attributes`` (one attribute set:
+    none), added to their instruments once for the batch (:meth:`StepRecorder.record_many`):
+    the duration sketch takes the durations in one ``record_many``, the counters their
+    sums, and the steps sampled out are counted once."""
+
+    __slots__ = ("durations", "released", "samples", "tokens")
+
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+        self.samples: float = 0
+        self.tokens: float = 0
+        self.released = 0  # sampled out, not held: counted as dropped (tail_sampled)
 
 
 class StepRecorder(Recorder[StepRecord]):
@@ -105,9 +121,47 @@ class StepRecorder(Recorder[StepRecord]):
             return super().record(record)
         return self._finish(None, record)
 
-    def _finish(self, span: Span | None, record: StepRecord) -> Span:
+    def record_many(self, records: Iterable[StepRecord], *, spans: bool = True) -> None:
+        """:meth:`record` of each record, in order (``spans=False``: :meth:`finish` of a
+        non-recording span -- metrics only, no span, no sampling decision). The same
+        spans, decisions and metric values as one call per record, but the step metrics
+        of the records without ``attributes`` are added once for the batch
+        (:class:`StepMetrics`) and the held steps looked at once. Never raises."""
+        batch = StepMetrics()
+        for record in records:
+            if not spans:
+                self._finish(INVALID_SPAN, record, batch)
+            elif self._sampler is not None and (record.name or catalog.STEP_SPAN) == (
+                catalog.STEP_SPAN
+            ):
+                self._finish(None, record, batch)
+            else:  # Recorder.record: a span that could not start gets no metrics either
+                try:
+                    span = self.start_span(record)
+                except Exception as exc:  # noqa: BLE001 - hot path
+                    self._stats.report_error(self.where, exc)
+                    continue
+                self._finish(span, record, batch)
+        try:
+            if batch.durations:
+                self.duration.record_many(batch.durations)
+                self._steps.add(len(batch.durations))
+            if batch.samples:
+                self._samples.add(batch.samples)
+            if batch.tokens:
+                self._tokens.add(batch.tokens)
+        except Exception as exc:  # noqa: BLE001 - hot path
+            self._stats.report_error("step", exc)
+        if batch.released:
+            self._released(batch.released)
+        self._maybe_look_back()
+
+    def _finish(
+        self, span: Span | None, record: StepRecord, batch: StepMetrics | None = None
+    ) -> Span:
         """:meth:`finish` of a live ``span``, or of a step recorded after the fact
-        (``span=None``: the span is started here if the step is kept)."""
+        (``span=None``: the span is started here if the step is kept); with ``batch``
+        (:meth:`record_many`), the metrics of a record without attributes go there."""
         start_ns, end_ns = record.start_ns, record.end_ns
         sampler = self._sampler
         decided: int | None = None  # span id whose upstream decision the processors follow
@@ -159,15 +213,22 @@ class StepRecorder(Recorder[StepRecord]):
             if recording:
                 self._fill(span, record, (step, samples, tokens), context, work, events)
             elif sampled_out:
-                self._sampled_out(span, record, (step, samples, tokens), work, sampled_gpu)
+                self._sampled_out(span, record, (step, samples, tokens), work, sampled_gpu, batch)
             # The metric calls copy an attribute set only when it is new to them.
             metric_attrs = attributes or None
-            self.duration.record(duration_s, metric_attrs)
-            self._steps.add(1, metric_attrs)
-            if samples:
-                self._samples.add(samples, metric_attrs)
-            if tokens:
-                self._tokens.add(tokens, metric_attrs)
+            if batch is not None and metric_attrs is None:
+                batch.durations.append(duration_s)
+                if samples:
+                    batch.samples += samples
+                if tokens:
+                    batch.tokens += tokens
+            else:
+                self.duration.record(duration_s, metric_attrs)
+                self._steps.add(1, metric_attrs)
+                if samples:
+                    self._samples.add(samples, metric_attrs)
+                if tokens:
+                    self._tokens.add(tokens, metric_attrs)
         except Exception as exc:  # noqa: BLE001 - hot path
             self._stats.report_error("step", exc)
         finally:
@@ -175,10 +236,15 @@ class StepRecorder(Recorder[StepRecord]):
                 span.end(end_time=end_ns)
             if decided is not None and sampler is not None:
                 sampler.forget(decided)
+        if batch is None:
+            self._maybe_look_back()
+        return span if span is not None else INVALID_SPAN
+
+    def _maybe_look_back(self) -> None:
+        """:meth:`_look_back` at most once per ``_LOOK_EVERY_NS``."""
         if self._held is not None and (now := time.monotonic_ns()) >= self._next_look_ns:
             self._next_look_ns = now + _LOOK_EVERY_NS
             self._look_back()
-        return span if span is not None else INVALID_SPAN
 
     def _fill(
         self,
@@ -214,12 +280,16 @@ class StepRecorder(Recorder[StepRecord]):
         counts: tuple[int, float | None, float | None],
         work: Any,
         sampled_gpu: bool,
+        batch: StepMetrics | None = None,
     ) -> None:
         """A step sampled out: held for a late GPU health event while GPUs are sampled
-        (counted when it leaves unclaimed), else counted now."""
+        (counted when it leaves unclaimed), else counted now (with ``batch``: with it)."""
         held = self._held
         if held is None or not sampled_gpu:
-            self._released(1)
+            if batch is not None:
+                batch.released += 1
+            else:
+                self._released(1)
             return
         parent: Context | SpanContext | None
         if span.is_recording():  # a live span: its own parent (none: a root span)

@@ -269,7 +269,7 @@ def test_tail_sampler_spaces_a_batch_of_steps_evenly_by_their_own_end_times() ->
     from otelgpu.otel.tail_sampling import StepSpanSampler
 
     sampler = StepSpanSampler(100)
-    t0 = time.time_ns() + 10_000_000_000  # the steps end after the sampler was made
+    t0 = time.time_ns() - 3600 * 10**9  # steps recorded an hour after the fact
     ends = [t0 + i * 5_000_000 for i in range(2000)]
     kept = _kept(sampler, ends)
     # the burst: 100 tokens, refilled by half a token per step, last 200 steps
@@ -286,8 +286,105 @@ def test_tail_sampler_budget_does_not_refill_from_an_older_end_time() -> None:
     from otelgpu.otel.tail_sampling import StepSpanSampler
 
     sampler = StepSpanSampler(10)
-    t0 = time.time_ns() + 10_000_000_000
+    t0 = time.time_ns()
     assert len(_kept(sampler, [t0] * 30)) == 10  # the bucket, then nothing at one instant
     assert not _kept(sampler, [t0 - 5_000_000_000] * 5)  # older: no refill
     # 100 s later: one second's worth again, not 100 s worth
     assert len(_kept(sampler, [t0 + 100_000_000_000] * 30)) == 10
+
+
+def _rows(t0: int) -> list[StepRecord]:
+    """300 steps 1 ms apart: slow ones, GPU-health ones, some with metric attributes,
+    tokens on every other step."""
+    rows = []
+    for i in range(300):
+        start = t0 + i * 1_000_000
+        rows.append(
+            StepRecord(
+                start,
+                start + (1_000_000 if i % 100 == 50 else 100_000),
+                step=i + 1,
+                samples=4,
+                tokens=32 if i % 2 else None,
+                span_attributes={"otelgpu.gpu.xids": [79]} if i % 100 == 80 else None,
+                attributes={"phase": "eval"} if i % 7 == 0 else None,
+            )
+        )
+    return rows
+
+
+def _metric_points(receiver: Any, name: str) -> list[tuple[Any, ...]]:
+    metric = receiver.last_metric(name)
+    assert metric is not None, name
+    kind = metric.WhichOneof("data")
+    points = getattr(metric, kind).data_points
+    out: list[tuple[Any, ...]] = []
+    for p in points:
+        key = tuple(sorted(attributes(p.attributes).items()))
+        if kind == "sum":
+            out.append((key, p.as_int or p.as_double))
+        else:
+            out.append((key, p.count, round(p.sum, 9)))
+    return sorted(out)
+
+
+def _recorded(batched: bool, *, spans: bool = True) -> tuple[list[int], dict[str, Any], int]:
+    """The exported step numbers, step metrics and tail-sampled count of ``_rows``
+    recorded one by one or in batches of 8 (``record_steps``)."""
+    receiver = OtlpReceiver()
+    receiver.start()
+    try:
+        handle = _instrument(receiver, gpu=False, step_spans_per_second=20)
+        runtime = handle.runtime
+        rows = _rows(1_700_000_000_000_000_000)
+        if batched:
+            for i in range(0, len(rows), 8):
+                runtime.record_steps(rows[i : i + 8], spans=spans)
+        else:
+            from opentelemetry.trace import INVALID_SPAN
+
+            for row in rows:
+                if spans:
+                    runtime.record_step(row)
+                else:
+                    runtime.finish_step(INVALID_SPAN, row)
+        handle.force_flush()
+        sampled_out = runtime.stats.dropped().get(("traces", "tail_sampled"), 0)
+        handle.shutdown()
+        kept = sorted(attributes(s.attributes)["otelgpu.train.step"] for s in _step_spans(receiver))
+        metrics = {
+            name: _metric_points(receiver, name)
+            for name in (
+                names.TRAIN_STEP_DURATION.name,
+                names.TRAIN_STEPS.name,
+                names.TRAIN_SAMPLES.name,
+                names.TRAIN_TOKENS.name,
+            )
+        }
+        return kept, metrics, sampled_out
+    finally:
+        receiver.stop()
+
+
+def test_record_steps_equals_one_record_step_per_row() -> None:
+    """The batch API (the torch instrumentation's background thread uses it) exports the
+    same spans -- the same sampling decisions -- and the same metric values as one
+    ``record_step`` per row; metric attribute sets stay apart."""
+    one_by_one = _recorded(False)
+    batched = _recorded(True)
+    assert batched == one_by_one
+    kept, metrics, sampled_out = batched
+    assert {51, 151, 251, 81, 181, 281} <= set(kept)  # slow and GPU-health steps
+    assert len(kept) + sampled_out == 300
+    steps = dict(metrics[names.TRAIN_STEPS.name])
+    assert steps == {(): 257, (("phase", "eval"),): 43}
+
+
+def test_record_steps_without_spans_records_metrics_only() -> None:
+    """``spans=False``: no span, no sampling decision; the metrics of every row."""
+    one_by_one = _recorded(False, spans=False)
+    batched = _recorded(True, spans=False)
+    assert batched == one_by_one
+    kept, metrics, sampled_out = batched
+    assert kept == [] and sampled_out == 0
+    assert sum(v for _, v in metrics[names.TRAIN_SAMPLES.name]) == 1200

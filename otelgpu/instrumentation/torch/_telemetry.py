@@ -2,15 +2,17 @@
 
 Everything goes through the otelgpu :class:`~otelgpu._runtime.Runtime` (ARCHITECTURE.md,
 "Runtime"): the step span with its GPU context and the step-duration sketch, the
-``otelgpu.train.steps``/``samples``/``tokens`` counters come from ``Runtime.finish_step``;
+``otelgpu.train.steps``/``samples``/``tokens`` counters come from ``Runtime.record_steps``;
 this module adds the torch metrics of ``otelgpu.metrics.catalog.TORCH_METRICS`` and
 ``docs/metrics-torch.md``. The runtime is looked up lazily (:class:`~._runtime_ref.RuntimeRef`),
 so the instrumentor may be installed before ``instrument()`` runs.
 
 Per step, on the training thread: one append to a :class:`~._step_queue.StepQueue`. Its
-background thread (and ``flush()``/``uninstrument()``) makes one span (every
-``span_every`` steps) and ~4 sketch/counter records per step (the optimizer-step and
-micro-batch counters get one add per drain), about 30 µs of CPU that
+background thread (and ``flush()``/``uninstrument()``) makes the step's runtime record
+and hands them to the runtime ``EMIT_BATCH`` at a time (``RuntimeAPI.record_steps``: a
+span for each step kept, the step-duration sketch and step counters added once per
+batch); the data waits, the optimizer-step and micro-batch counters are added once per
+drain. About 10 µs of CPU per step sampled out (warm; more in a real loop), which
 mostly overlaps torch compute. The allocator statistics are read on the training thread
 when the step closes (the tracker's probe). The gauges (shares, jitter, memory, DDP) are
 :class:`~._gauges.TorchGauges`, computed at metric collection, never per step.
@@ -30,8 +32,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-
-from opentelemetry.trace import INVALID_SPAN
 
 from otelgpu.instrumentation.torch import _names as N
 from otelgpu.instrumentation.torch import _steps
@@ -57,6 +57,11 @@ step is emitted; may add to both (``otelgpu.diagnosis`` phases, findings)."""
 MemoryFactory = Callable[[Callable[[dict[str, object]], None]], CudaMemory | None]
 """Makes the allocator reader (given the OOM callback) at the first probe, or None."""
 
+
+#: Steps handed to the runtime together (``RuntimeAPI.record_steps``: the step metrics
+#: added once per batch). Small: a batch is one stretch between two GIL hand-backs of
+#: the background thread (~8 steps of span and metrics work, well under its slice).
+EMIT_BATCH = 8
 
 _APPLIED = {N.ATTR_SKIPPED: False}
 _SKIPPED = {N.ATTR_SKIPPED: True}
@@ -130,6 +135,11 @@ class Telemetry:
         #: the drain's data waits (s) and ratio-ring rows, published with the counts
         self._data_waits: list[float] = []
         self._ratio_rows: list[tuple[int, int, int]] = []
+        #: the runtime records made in this drain, not yet handed to the runtime (with
+        #: spans, metrics only), and that runtime
+        self._to_record: list[StepRecord] = []
+        self._metrics_only: list[StepRecord] = []
+        self._record_rt: RuntimeAPI | None = None
         #: called once :meth:`probe` can never return anything (a torch build without
         #: CUDA allocator statistics, no GPU step timing): its caller may stop calling it
         self.on_probe_idle: Callable[[], None] | None = None
@@ -222,11 +232,16 @@ class Telemetry:
         self.enabled = False
         self.gauges.forked = True
         self._queue.forget()
+        self._to_record, self._metrics_only, self._record_rt = [], [], None
 
     def _publish_counts(self) -> None:
         """The drain's optimizer-step and micro-batch totals into their counters, its data
         waits into their sketch and its steps into the ratio ring (the exported figures are
         the same as per-step adds: a drain ends before every flush and collection)."""
+        try:
+            self._record_pending()
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self.error("torch.step", exc)
         applied, skipped, micro = self._counts
         self._counts = [0, 0, 0]
         waits, self._data_waits = self._data_waits, []
@@ -383,10 +398,27 @@ class Telemetry:
             flops=self.flops_per_step if self.flops_per_step is not None else record.flops,
             events=events,
         )
-        if sampled:  # with tail-keeping sampling, a step sampled out gets no span at all
-            rt.record_step(step)
-        else:
-            rt.finish_step(INVALID_SPAN, step)
+        if rt is not self._record_rt:
+            self._record_pending()
+            self._record_rt = rt
+        # with tail-keeping sampling, a step sampled out gets no span at all
+        pending = self._to_record if sampled else self._metrics_only
+        pending.append(step)
+        if len(self._to_record) + len(self._metrics_only) >= EMIT_BATCH:
+            self._record_pending()
+
+    def _record_pending(self) -> None:
+        """Hands the steps made so far to their runtime (in step order within each kind:
+        the metrics-only ones take no sampling decision)."""
+        rt = self._record_rt
+        kept, self._to_record = self._to_record, []
+        only, self._metrics_only = self._metrics_only, []
+        if rt is None:
+            return
+        if kept:
+            rt.record_steps(kept)
+        if only:
+            rt.record_steps(only, spans=False)
 
     def _step_devices(self, rt: Any, step: int) -> list[str] | None:
         """GPUs the step's GPU context covers (``step_devices``; None: every sampled GPU)."""

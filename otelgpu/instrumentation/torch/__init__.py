@@ -211,7 +211,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if settings.count_flops and settings.flops_per_step is None:  # the setting wins
             counter = FlopsCounter(telemetry, lambda: _rule(session))
         session = Session(
-            telemetry.step,
+            telemetry.on_step,
             telemetry if phases is None else phases.tee(telemetry),
             clock=clock,
             step_optimizer=settings.step_optimizer,

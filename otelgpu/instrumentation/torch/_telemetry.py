@@ -215,6 +215,13 @@ class Telemetry:
                 timer.add_boundary(record.step, probe.gpu_event)
         self._queue.put(record)
 
+    @property
+    def on_step(self) -> Callable[[_steps.StepRecord], None]:
+        """What the step tracker calls with each finished step: :meth:`step`, or straight
+        the queue's ``put`` when there are no CUDA step events to pair (one frame less per
+        step; a forked child's hooks are off, so ``enabled`` needs no check there)."""
+        return self.step if self.gpu_timer is not None else self._queue.put
+
     def drain(self) -> None:
         """Turns every queued step into its span and metrics now (thread-safe)."""
         self._queue.drain()

@@ -110,3 +110,17 @@ def test_after_drain_runs_once_per_drain_that_consumed_steps() -> None:
     queue.drain()
     assert seen == [(1, 3)]
     assert errors == ["torch.step"]
+
+
+def test_a_forgotten_queue_takes_nothing_and_starts_no_thread() -> None:
+    """A forked child's copy (``forget()``): a step still handed to ``put`` -- the tracker
+    may hold the queue's ``put`` itself -- is dropped and starts no background thread."""
+    consumed: list[int] = []
+    queue = _queue(consumed)
+    queue.forget()
+    before = {t.name for t in threading.enumerate()}
+    for step in range(1, 4):
+        queue.put(step)
+    assert "otelgpu-torch-steps" not in {t.name for t in threading.enumerate()} - before
+    queue.drain()
+    assert consumed == []

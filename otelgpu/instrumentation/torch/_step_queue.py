@@ -71,6 +71,7 @@ class StepQueue(Generic[T]):
         self._worker_lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
+        self._forgotten = False  # a forked child's copy: takes nothing, starts no thread
 
     def put(self, step: T) -> None:
         """Queues one step (the training thread: an append); starts the worker if needed."""
@@ -84,6 +85,9 @@ class StepQueue(Generic[T]):
 
     def _start_worker(self) -> None:
         with self._worker_lock:
+            if self._forgotten:  # a forked child: nothing of the parent's is recorded
+                self._queue.clear()
+                return
             if self._worker is not None:
                 return
             self._stop.clear()
@@ -139,6 +143,9 @@ class StepQueue(Generic[T]):
         self.drain()
 
     def forget(self) -> None:
-        """In a forked child: drops the parent's queued steps; its thread did not survive."""
+        """In a forked child: drops the parent's queued steps (its thread did not
+        survive); a later :meth:`put` (the tracker may hold it directly) is dropped too,
+        and starts no thread."""
+        self._forgotten = True
         self._queue.clear()
         self._worker = None

@@ -242,9 +242,10 @@ class Telemetry:
         self._to_record, self._metrics_only, self._record_rt = [], [], None
 
     def _publish_counts(self) -> None:
-        """The drain's optimizer-step and micro-batch totals into their counters, its data
-        waits into their sketch and its steps into the ratio ring (the exported figures are
-        the same as per-step adds: a drain ends before every flush and collection)."""
+        """At a drain's end: its last steps to the runtime (:meth:`_record_pending`), its
+        optimizer-step and micro-batch totals into their counters, its data waits into
+        their sketch and its steps into the ratio ring (the exported figures are the same
+        as per-step adds: a drain ends before every flush and collection)."""
         try:
             self._record_pending()
         except Exception as exc:  # noqa: BLE001 - never raise into the host

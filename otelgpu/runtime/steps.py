@@ -191,9 +191,11 @@ class StepRecorder(Recorder[StepRecord]):
                 )
                 if span is None:  # after the fact: only a kept step gets a span
                     span = self._start(record) if keep else INVALID_SPAN
-                # the processors follow this decision (a dropped live span: they drop it)
-                decided = span.get_span_context().span_id
-                sampler.decided(decided, keep)
+                if span is not INVALID_SPAN:
+                    # the processors follow this decision (a dropped live span: they drop
+                    # it); none ever sees the invalid span of a step sampled out here
+                    decided = span.get_span_context().span_id
+                    sampler.decided(decided, keep)
                 sampled_out = not keep  # build nothing for a span the processors drop
             elif span is None:
                 span = self._start(record)

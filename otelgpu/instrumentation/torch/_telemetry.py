@@ -317,9 +317,9 @@ class Telemetry:
         ones anyway.
         """
         timer = self.gpu_timer
-        if timer is None:
-            return
         ops = self._gpu_ops
+        if timer is None or not (ops or self._gpu_steps):  # nothing timed (no CUDA yet)
+            return
         total = 0.0
         seen = 0
         while ops and ops[0].host_start_ns < record.end_ns:

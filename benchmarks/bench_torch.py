@@ -30,8 +30,13 @@ the process (:func:`fix_malloc_thresholds`; ``--dynamic-malloc`` keeps glibc's),
 the overhead is also given paired by repetition (each repetition's instrumented median
 minus its own plain median), which cancels slow drifts of the shared machine.
 
+The paired median comes with a 95 % bootstrap interval (resampled repetitions, fixed
+seed): an overhead is "shown" under ``--target`` only when the whole interval is below
+it, a line the report states either way.
+
 Run: ``.venv/bin/python benchmarks/bench_torch.py`` (about 20 s). Writes
-``benchmarks/results/torch.md``; exits 1 if the overhead is 2 % or more.
+``benchmarks/results/torch.md``; exits 1 if the overhead is ``--target`` (default 2 %;
+the export run of the README passes 1 %) or more.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import argparse
 import ctypes
 import os
 import platform
+import random
 import re
 import resource
 import shutil
@@ -267,6 +273,28 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def median_interval(
+    values: Sequence[float], level: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """A bootstrap interval of the median of ``values`` (percentile method, ``resamples``
+    resamples with replacement, a fixed ``seed``: the same data give the same interval)."""
+    rng = random.Random(seed)
+    data = list(values)
+    medians = sorted(statistics.median(rng.choices(data, k=len(data))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def verdict(interval: tuple[float, float], target: float) -> str:
+    """Whether an overhead interval (fractions) shows the overhead under ``target``."""
+    low, high = interval
+    if high < target:
+        return f"under the {target * 100:g} % target (the whole interval is below it)"
+    if low >= target:
+        return f"not under the {target * 100:g} % target (the whole interval is above it)"
+    return f"not shown under the {target * 100:g} % target (the interval straddles it)"
+
+
 #: Steps run before callgrind counts: the step rule's warm-up, the phase discovery and the
 #: one FLOP-counted step (``otelgpu.instrumentation.torch._flops``) are behind by then.
 CALLGRIND_WARMUP = 40
@@ -410,6 +438,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="keep glibc's dynamic mmap threshold (default: fixed, see fix_malloc_thresholds)",
     )
     parser.add_argument("--no-write", action="store_true", help="do not write results/torch.md")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=TARGET,
+        help="overhead target as a fraction (default 0.02; issue 11's export run: 0.01)",
+    )
     parser.add_argument("--span-every", type=int, default=None, help="TorchInstrumentor span_every")
     parser.add_argument(
         "--export",
@@ -542,7 +576,8 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     )
     expected_steps = (args.reps + 1) * args.steps
     parts = _components(runtime)
-    ok = overhead < TARGET and steps_recorded == expected_steps
+    ok = overhead < args.target and steps_recorded == expected_steps
+    low_us, high_us = median_interval(paired)
     counted: list[str] = []
     if args.callgrind_steps:
         child_argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write"]
@@ -625,7 +660,7 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         ),
         "",
         f"**Overhead: {overhead * 100:+.2f} %** ({per_step_us:+.1f} µs per step; target < "
-        f"{TARGET * 100:.0f} %). Steps recorded: {steps_recorded} of {expected_steps} "
+        f"{args.target * 100:g} %). Steps recorded: {steps_recorded} of {expected_steps} "
         + (
             "(every step has a span and metrics)."
             if not (args.export and args.step_spans_per_second)
@@ -635,7 +670,10 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         "Paired by repetition (each repetition's instrumented median minus the plain median "
         f"of the same repetition, over {args.reps} repetitions): median "
         f"**{_pct(paired, 0.5):+.1f} µs** ({_pct(paired, 0.5) / (plain * 1e4):+.2f} %), "
-        f"quartiles {_pct(paired, 0.25):+.1f} to {_pct(paired, 0.75):+.1f} µs.",
+        f"quartiles {_pct(paired, 0.25):+.1f} to {_pct(paired, 0.75):+.1f} µs; 95 % "
+        f"bootstrap interval of that median {low_us:+.1f} to {high_us:+.1f} µs "
+        f"({low_us / (plain * 1e4):+.2f} to {high_us / (plain * 1e4):+.2f} %): "
+        f"{verdict((low_us / (plain * 1e6), high_us / (plain * 1e6)), args.target)}.",
         "",
         "**Mean step, the flush included** (an upper bound: the median leaves out the last "
         "step of each repetition, which carries a synchronous `flush()` -- the background "

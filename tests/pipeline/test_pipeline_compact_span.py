@@ -158,6 +158,8 @@ def test_a_compact_span_is_the_sdks_span(
 
 
 SAMPLERS = {
+    # the SDK's default, which start_compact does not call for a root span
+    "parent-based on": sampling.ParentBased(sampling.ALWAYS_ON),
     "always off": sampling.ALWAYS_OFF,
     "ratio 0.5": sampling.TraceIdRatioBased(0.5),
     "parent-based ratio": sampling.ParentBasedTraceIdRatio(0.5),

@@ -111,6 +111,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._ready: collections.deque[tuple[_Origin, Any]] = collections.deque()
         self._encode: Any = getattr(exporter, "encode_span", None)
         self._origins: dict[tuple[int, Any], _Origin] = {}
+        self._last_origin: _Origin | None = None  # the previous span's, by identity
         self._last_export = time.monotonic()
         self._shutdown_timeout_s = shutdown_timeout_s
         self._stats = stats
@@ -191,6 +192,14 @@ class BoundedBatchSpanProcessor(SpanProcessor):
     def _origin(self, span: ReadableSpan) -> _Origin:
         """The shared :class:`_Origin` of ``span``'s resource and scope."""
         scope = span.instrumentation_scope or None
+        last = self._last_origin
+        # most spans come from the tracer of the span before: no scope hashed for them
+        if (
+            last is not None
+            and last.resource is span.resource
+            and last.instrumentation_scope is scope
+        ):
+            return last
         key = (id(span.resource), scope)
         origins = self._origins
         origin = origins.get(key)
@@ -198,6 +207,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             if len(origins) >= 64:
                 origins.clear()
             origin = origins[key] = _Origin(span.resource, scope)
+        self._last_origin = origin
         return origin
 
     def _hand_over(self) -> None:

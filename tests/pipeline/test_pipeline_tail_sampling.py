@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from fixtures.otel import steps_then_request
 from fixtures.otlp_receiver import OtlpReceiver, attributes
+from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.trace import Status, StatusCode
 
 import otelgpu
 from otelgpu.metrics import catalog as names
@@ -102,6 +104,29 @@ def test_pipeline_high_rate_keeps_health_slow_and_failed_steps(receiver: Any) ->
     total = receiver.last_metric(names.TRAIN_STEPS.name)
     assert total is not None
     assert sum(p.as_int for p in total.sum.data_points) == n + 3  # metrics exact
+
+
+def test_live_steps_with_an_event_or_an_error_status_are_kept_over_the_budget(
+    receiver: Any,
+) -> None:
+    """With the budget spent, a live step span the application gave an event, or an ERROR
+    status without raising, is still exported; an ordinary step beside them is not."""
+    handle = _instrument(receiver, gpu=False, step_spans_per_second=1)
+    for i in range(5):  # the first steps take the one-per-second budget
+        with otelgpu.step(step=i + 1):
+            pass
+    with otelgpu.step(step=100):
+        trace.get_current_span().add_event("checkpoint written")
+    with otelgpu.step(step=101):
+        trace.get_current_span().set_status(Status(StatusCode.ERROR, "bad loss"))
+    with otelgpu.step(step=102):
+        pass
+    handle.force_flush()
+    kept = {attributes(s.attributes)["otelgpu.train.step"]: s for s in _step_spans(receiver)}
+    assert {100, 101} <= set(kept)
+    assert 102 not in kept
+    assert [e.name for e in kept[100].events] == ["checkpoint written"]
+    handle.shutdown()
 
 
 def test_pipeline_sdk_sampler_and_resource_still_apply(

@@ -26,6 +26,12 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
 from otelgpu import _impl
 from otelgpu.otel import slicing
 
@@ -194,36 +200,111 @@ def _flags(parent: Any) -> bytes:
     return _pack_i(0x300 if parent is not None and parent.is_remote else 0x100)
 
 
+# Reading a span field through the SDK's property is a Python call per field (about
+# twenty a span, and ``events``/``links`` copy their list under its lock). For a span
+# whose class uses the SDK's own properties unchanged, the fields are read from the
+# instance dict instead -- the same objects the properties return -- as the native
+# encoder does. Checked once per class.
+_SPAN_PROPERTIES = (
+    "name", "kind", "parent", "start_time", "end_time", "status", "attributes", "events",
+    "links", "dropped_attributes", "dropped_events", "dropped_links", "context",
+)  # fmt: skip
+_direct_layout: dict[type, bool] = {}
+#: id(member) -> value of SpanKind and StatusCode (an enum's ``.value`` is a Python call).
+_ENUM_VALUES: dict[int, int] = {id(m): m.value for m in (*SpanKind, *StatusCode)}
+
+
+def _sdk_layout(cls: type) -> bool:
+    """Whether ``cls`` is an SDK ReadableSpan whose field properties are the SDK's own."""
+    known = _direct_layout.get(cls)
+    if known is not None:
+        return known
+    try:
+        ok = (
+            issubclass(cls, ReadableSpan)
+            and all(getattr(cls, n) is getattr(ReadableSpan, n) for n in _SPAN_PROPERTIES)
+            and any(
+                cls.get_span_context is f
+                for f in (ReadableSpan.get_span_context, SdkSpan.get_span_context)
+            )
+        )
+    except Exception:  # noqa: BLE001 - another SDK layout: the properties are read
+        ok = False
+    if len(_direct_layout) < 64:
+        _direct_layout[cls] = ok
+    return ok
+
+
+def _bounded(items: Any) -> tuple[Any, int]:
+    """(items, dropped) of an SDK BoundedList -- its deque, uncopied -- or (items, 0)."""
+    if isinstance(items, BoundedList):
+        bounded: Any = items
+        return bounded._dq, bounded.dropped
+    return items, 0
+
+
+def _span_fields(span: Any) -> tuple[Any, ...]:
+    """(context, parent, name, kind, start, end, attributes, dropped attributes, events,
+    dropped events, links, dropped links, status) of ``span``, as its properties give them
+    (attributes: the plain dict where there is one). The twin of the native encoder's."""
+    if _sdk_layout(type(span)):
+        d = span.__dict__
+        attributes: Any = d["_attributes"]
+        dropped_attributes = 0
+        if isinstance(attributes, BoundedAttributes):
+            dropped_attributes = attributes.dropped
+            plain = attributes._dict
+            if type(plain) is dict:
+                attributes = plain
+        elif not attributes:
+            attributes = {}
+        events, dropped_events = _bounded(d["_events"])
+        links, dropped_links = _bounded(d["_links"])
+        return (
+            d["_context"], d["_parent"], d["_name"], d["_kind"], d["_start_time"],
+            d["_end_time"], attributes, dropped_attributes, events, dropped_events, links,
+            dropped_links, d["_status"],
+        )  # fmt: skip
+    own = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return (
+        span.get_span_context(), span.parent, span.name, span.kind, span.start_time,
+        span.end_time, own if type(own) is dict else span.attributes,
+        span.dropped_attributes, span.events, span.dropped_events, span.links,
+        span.dropped_links, span.status,
+    )  # fmt: skip
+
+
+def _enum_value(member: Any) -> int:
+    value = _ENUM_VALUES.get(id(member))
+    return member.value if value is None else value
+
+
 def py_encode_span(span: Any) -> bytes:
     """One ``Span`` message body (an SDK ``ReadableSpan``): the pure-Python twin of
     ``otelgpu.otel._otlp_c.encode_span``."""
-    ctx = span.get_span_context()
+    (ctx, parent, name, kind, start, end, attributes, dropped, events, dropped_events,
+     links, dropped_links, status) = _span_fields(span)  # fmt: skip
+    exact = type(ctx) is SpanContext  # a tuple: its fields by position, not properties
     parts = [
-        b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"),
-        b"\x12\x08" + ctx.span_id.to_bytes(8, "big"),
+        b"\x0a\x10" + (ctx[0] if exact else ctx.trace_id).to_bytes(16, "big"),
+        b"\x12\x08" + (ctx[1] if exact else ctx.span_id).to_bytes(8, "big"),
     ]
-    state = ctx.trace_state
+    state = ctx[4] if exact else ctx.trace_state
     if state:
         parts.append(_ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
-    parent = span.parent
     if parent:
         parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-    name = span.name
     if name:
         parts.append(_ld(b"\x2a", name.encode("utf-8")))
-    parts.append(b"\x30" + _SMALL[span.kind.value + 1])
-    if span.start_time:
-        parts.append(b"\x39" + _pack_q(span.start_time))
-    if span.end_time:
-        parts.append(b"\x41" + _pack_q(span.end_time))
-    # The SDK's ReadableSpan.attributes is a read-only proxy whose items() walk the ABC
-    # machinery of BoundedAttributes; its plain dict holds the same items in order.
-    plain = getattr(getattr(span, "_attributes", None), "_dict", None)
-    parts.append(attributes_bytes(b"\x4a", plain if type(plain) is dict else span.attributes))
-    dropped = span.dropped_attributes
+    parts.append(b"\x30" + _SMALL[_enum_value(kind) + 1])
+    if start:
+        parts.append(b"\x39" + _pack_q(start))
+    if end:
+        parts.append(b"\x41" + _pack_q(end))
+    parts.append(attributes_bytes(b"\x4a", attributes))
     if dropped:
         parts.append(b"\x50" + _varint(dropped))
-    for event in span.events:
+    for event in events:
         body = []
         if event.timestamp:
             body.append(b"\x09" + _pack_q(event.timestamp))
@@ -233,9 +314,9 @@ def py_encode_span(span: Any) -> bytes:
         if event.dropped_attributes:
             body.append(b"\x20" + _varint(event.dropped_attributes))
         parts.append(_ld(b"\x5a", b"".join(body)))
-    if span.dropped_events:
-        parts.append(b"\x60" + _varint(span.dropped_events))
-    for link in span.links:
+    if dropped_events:
+        parts.append(b"\x60" + _varint(dropped_events))
+    for link in links:
         body = [
             b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big"),
             b"\x12\x08" + link.context.span_id.to_bytes(8, "big"),
@@ -245,14 +326,16 @@ def py_encode_span(span: Any) -> bytes:
             body.append(b"\x28" + _varint(link.dropped_attributes))
         body.append(b"\x35" + _flags(link.context))
         parts.append(_ld(b"\x6a", b"".join(body)))
-    if span.dropped_links:
-        parts.append(b"\x70" + _varint(span.dropped_links))
-    status = span.status
+    if dropped_links:
+        parts.append(b"\x70" + _varint(dropped_links))
     if status is not None:
         body = []
-        if status.description:
-            body.append(_ld(b"\x12", status.description.encode("utf-8")))
-        code = status.status_code.value
+        if type(status) is Status:
+            description, code = status._description, _enum_value(status._status_code)
+        else:
+            description, code = status.description, _enum_value(status.status_code)
+        if description:
+            body.append(_ld(b"\x12", description.encode("utf-8")))
         if code:
             body.append(b"\x18" + _varint(code))
         parts.append(_ld(b"\x7a", b"".join(body)))

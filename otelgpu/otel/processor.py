@@ -155,7 +155,8 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        if self._stopped or not (span.context and span.context.trace_flags.sampled):
+        ctx = span.context
+        if self._stopped or not (ctx and ctx.trace_flags.sampled):
             return
         sampler = self._sampler
         if not sampler.keep(span):

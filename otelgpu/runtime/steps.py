@@ -244,8 +244,13 @@ class StepRecorder(Recorder[StepRecord]):
         return span if span is not None else INVALID_SPAN
 
     def _maybe_look_back(self) -> None:
-        """:meth:`_look_back` at most once per ``_LOOK_EVERY_NS``."""
-        if self._held is not None and (now := time.monotonic_ns()) >= self._next_look_ns:
+        """:meth:`_look_back` at most once per ``_LOOK_EVERY_NS``, and only while steps are
+        held: with none held a new event has nothing to claim (and the sampler's event
+        count is not read at every step of a loop whose steps are all kept)."""
+        held = self._held
+        if not held:  # None, or holding nothing
+            return
+        if (now := time.monotonic_ns()) >= self._next_look_ns:
             self._next_look_ns = now + _LOOK_EVERY_NS
             self._look_back()
 

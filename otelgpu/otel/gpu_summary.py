@@ -92,8 +92,10 @@ class GpuSummarizer:
                 self._sampler.events(start_ns, end_ns)
             )
         raw, events = combined(start_ns, end_ns, devices)
-        attributes = {} if raw is None else self.summary_attributes(raw, devices is not None)
-        return attributes, events
+        if raw is None:
+            return {}, events
+        listed = devices is not None
+        return summary_attributes(raw, self._uuids, listed, _GPM_ATTRIBUTES, self._names), events
 
     def summary_attributes(self, raw: RawSummary, listed: bool) -> dict[str, Any]:
         """Span attributes of a ``RawSummary``; ``listed``: the caller chose the GPUs

@@ -41,8 +41,10 @@ from opentelemetry.trace import StatusCode
 
 from otelgpu.metrics.catalog import STEP_SPAN
 
-_HEALTH = frozenset(("otelgpu.gpu.lost", "otelgpu.gpu.xids", "otelgpu.gpu.ecc.uncorrected",
-                     "otelgpu.gpu.throttled_fraction"))  # fmt: skip
+HEALTH_FLAGS = frozenset(("otelgpu.gpu.lost", "otelgpu.gpu.xids", "otelgpu.gpu.ecc.uncorrected",
+                          "otelgpu.gpu.throttled_fraction"))  # fmt: skip
+"""The span attributes that flag a GPU health problem (:func:`flagged`)."""
+_HEALTH = HEALTH_FLAGS
 _SLOW_FACTOR = 2.0
 _ALPHA = 0.01  # EWMA weight: about the last 100 steps
 

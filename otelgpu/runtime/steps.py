@@ -21,7 +21,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanContext, Status, StatusC
 
 from otelgpu import _values
 from otelgpu.metrics import catalog
-from otelgpu.otel.tail_sampling import flagged
+from otelgpu.otel.tail_sampling import HEALTH_FLAGS as _HEALTH
 from otelgpu.runtime.held_steps import HeldStep, HeldSteps
 from otelgpu.runtime.recorder import Parts, Recorder, seen_by_processors
 from otelgpu.runtime.records import StepRecord
@@ -42,6 +42,8 @@ def step_attributes(
             attrs["otelgpu.train.tokens_per_second"] = tokens / duration_s
     return attrs
 
+
+_MAX = _values.MAX_COUNT
 
 #: A step looks at the sampler's event count at most once per millisecond
 #: (events are published a round late, held steps wait two intervals: plenty of looks).
@@ -169,12 +171,19 @@ class StepRecorder(Recorder[StepRecord]):
         sampled_out = False
         try:
             stats = self._stats
-            samples = _values.count(record.samples, "samples", stats)
-            tokens = _values.count(record.tokens, "tokens", stats)
+            # _values.count's common case (an int in range, or None), inlined: per step
+            samples = record.samples
+            if samples is not None and not (type(samples) is int and 0 <= samples <= _MAX):
+                samples = _values.count(samples, "samples", stats)
+            tokens = record.tokens
+            if tokens is not None and not (type(tokens) is int and 0 <= tokens <= _MAX):
+                tokens = _values.count(tokens, "tokens", stats)
             step = record.step
             if step is None:
                 step = self.next_number()
-            elif _values.count(step, "step", stats) is None:
+            elif not (type(step) is int and 0 <= step <= _MAX) and (
+                _values.count(step, "step", stats) is None
+            ):
                 step = 0
             attributes = record.attributes
             devices = record.devices
@@ -204,14 +213,23 @@ class StepRecorder(Recorder[StepRecord]):
             # or a provider without span processor, e.g. Prometheus only) gets no
             # attribute dict built.
             recording = not sampled_out and seen_by_processors(span)
-            work = self._work.step(
-                span if recording else None,
-                context,
-                duration_s,
-                samples,
-                tokens,
-                _values.flops(record.flops, "flops", stats),
-                attributes or None,
+            flops = record.flops
+            if flops is not None:
+                flops = _values.flops(flops, "flops", stats)
+            # Energy per unit of work needs the GPU context, MFU the FLOPs: without either
+            # there is nothing to record or add (a CPU loop, every step).
+            work = (
+                self._work.step(
+                    span if recording else None,
+                    context,
+                    duration_s,
+                    samples,
+                    tokens,
+                    flops,
+                    attributes or None,
+                )
+                if context or flops
+                else {}
             )
             if recording:
                 self._fill(span, record, (step, samples, tokens), context, work, events)
@@ -405,7 +423,13 @@ class StepRecorder(Recorder[StepRecord]):
         status is ERROR."""
         if record.failed is not None or events or record.events:
             return True
-        if flagged(context) or flagged(record.span_attributes) or flagged(record.attributes):
+        # tail_sampling.flagged, inlined three times: this runs for every step
+        span_attributes, attributes = record.span_attributes, record.attributes
+        if (
+            (context and not _HEALTH.isdisjoint(context))
+            or (span_attributes and not _HEALTH.isdisjoint(span_attributes))
+            or (attributes and not _HEALTH.isdisjoint(attributes))
+        ):
             return True
         if span is None:
             return False

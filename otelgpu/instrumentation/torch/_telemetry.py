@@ -340,46 +340,55 @@ class Telemetry:
         rt = self.runtime()
         if rt is None:
             return
-        inst = self._instruments(rt)
-        self._ratio_rows.append((record.duration_ns, record.data_wait_ns, record.comm_wait_ns))
+        # (this runs for every step: the record's properties and each call below only
+        # when it has something to do are inlined)
+        duration = record.end_ns - record.start_ns
+        data_ns, comm_ns, checkpoint_ns = (
+            record.data_wait_ns,
+            record.comm_wait_ns,
+            record.checkpoint_ns,
+        )
+        self._ratio_rows.append((duration, data_ns, comm_ns))
         counts = self._counts
-        counts[0] += record.optimizer_steps - record.skipped_optimizer_steps
-        counts[1] += record.skipped_optimizer_steps
+        skipped = record.skipped_optimizer_steps
+        counts[0] += record.optimizer_steps - skipped
+        counts[1] += skipped
         counts[2] += record.micro_batches
-        self._data_waits.append(record.data_wait_ns / 1e9)
+        self._data_waits.append(data_ns / 1e9)
+        compute = duration - (data_ns + comm_ns + checkpoint_ns)
         fields: dict[str, Any] = {
             N.SPAN_MICRO_BATCHES: record.micro_batches,
             N.SPAN_OPTIMIZER_STEPS: record.optimizer_steps,
             N.SPAN_SKIPPED: record.skipped,
             N.SPAN_STEP_RULE: record.rule,
-            N.SPAN_DATA_WAIT: record.data_wait_ns / 1e9,
-            N.SPAN_COMM_WAIT: record.comm_wait_ns / 1e9,
-            N.SPAN_COMPUTE: record.compute_ns / 1e9,
+            N.SPAN_DATA_WAIT: data_ns / 1e9,
+            N.SPAN_COMM_WAIT: comm_ns / 1e9,
+            N.SPAN_COMPUTE: (compute if compute > 0 else 0) / 1e9,
         }
-        if record.checkpoint_ns:
-            fields[N.SPAN_CHECKPOINT] = record.checkpoint_ns / 1e9
+        if checkpoint_ns:
+            fields[N.SPAN_CHECKPOINT] = checkpoint_ns / 1e9
         if record.loader_startup_ns:
             fields[N.SPAN_LOADER_STARTUP] = record.loader_startup_ns / 1e9
         if record.optimizer_ns:
             fields[N.SPAN_OPTIMIZER] = record.optimizer_ns / 1e9
-        # (each call below only when it has something to do: this runs for every step)
-        if self.gpu_timer is not None:
+        if self._gpu_ops or self._gpu_steps:  # something CUDA-timed is waiting
             self._gpu_fields(record, fields)
         events = list(record.events)
         if isinstance(record.probe, StepProbe):
-            memory = self._memory_fields(inst, record, events)
+            memory = self._memory_fields(self._instruments(rt), record, events)
             if memory is not None:
                 fields[N.SPAN_MEM_ALLOCATED] = memory.allocated_bytes
                 fields[N.SPAN_MEM_RESERVED] = memory.reserved_bytes
                 fields[N.SPAN_MEM_PEAK] = memory.peak_allocated_bytes
-        if record.step <= DDP_READ_EVERY or record.step % DDP_READ_EVERY == 0:
-            self.gauges.read_ddp(record.step)
+        step = record.step
+        if step <= DDP_READ_EVERY or step % DDP_READ_EVERY == 0:
+            self.gauges.read_ddp(step)
         for observer in self._step_observers:
             try:
                 observer(record, fields, events)
             except Exception as exc:  # noqa: BLE001, PERF203 - never raise into the host
                 self.error("torch.step_observer", exc)
-        sampled = self.span_every <= 1 or record.step % self.span_every == 1 or events
+        sampled = self.span_every <= 1 or step % self.span_every == 1 or events
         self._emit(rt, record, fields, events, sampled=bool(sampled))
 
     def _emit(

@@ -30,6 +30,11 @@ the process (:func:`fix_malloc_thresholds`; ``--dynamic-malloc`` keeps glibc's),
 the overhead is also given paired by repetition (each repetition's instrumented median
 minus its own plain median), which cancels slow drifts of the shared machine.
 
+``--hooks-only`` adds a third interleaved mode, the instrumentor installed with its
+telemetry off (the training thread's hooks and step detection, nothing drained, recorded
+or exported), paired with plain the same way: how much of the overhead is the training
+thread's own hooks and how much the background work (results in ``*-hooks.md``).
+
 The paired median comes with a 95 % bootstrap interval (resampled repetitions, fixed
 seed): an overhead is "shown" under ``--target`` only when the whole interval is below
 it, a line the report states either way.
@@ -149,6 +154,19 @@ def _exporting_runtime(
         **({} if timers else {"metric_export_interval_ms": 3_600_000}),
     )
     return handle.runtime, reader
+
+
+HOOKS_ONLY = "hooks only"
+"""The ``--hooks-only`` mode: :class:`TorchInstrumentor` installed, its telemetry off."""
+
+
+def _telemetry_off(inst: Any) -> None:
+    """The hooks stay (steps are detected on the training thread, as instrumented); the
+    telemetry takes nothing (no background drain, no span, no metric, no export)."""
+    telemetry = inst.telemetry
+    if telemetry.gpu_timer is None:  # the tracker would hand steps to the queue directly
+        raise SystemExit("--hooks-only needs the default cuda_events=True")
+    telemetry.enabled = False
 
 
 def _setup(hidden: int, batch: int, steps: int, layers: int = 1) -> tuple[Any, Any, Any]:
@@ -446,6 +464,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--span-every", type=int, default=None, help="TorchInstrumentor span_every")
     parser.add_argument(
+        "--hooks-only",
+        action="store_true",
+        help="a third interleaved mode: the hooks installed, their telemetry off (steps "
+        "detected on the training thread, nothing drained or exported): how much of the "
+        "overhead is the training thread's own hooks",
+    )
+    parser.add_argument(
         "--export",
         metavar="DIR",
         default=None,
@@ -491,6 +516,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             receiver.wait()
 
 
+def _hooks_only_lines(rep_median: dict[str, list[float]], plain: float) -> list[str]:
+    """The ``--hooks-only`` paragraph: that mode paired with plain as the instrumented mode
+    is, and the share of the instrumented mode's paired median it makes (empty without)."""
+    if HOOKS_ONLY not in rep_median:
+        return []
+    hooks = sorted(
+        (h - p) * 1e6 for h, p in zip(rep_median[HOOKS_ONLY], rep_median["plain"], strict=True)
+    )
+    full = sorted(
+        (i - p) * 1e6 for i, p in zip(rep_median["instrumented"], rep_median["plain"], strict=True)
+    )
+    low, high = median_interval(hooks)
+    share = (
+        f"{_pct(hooks, 0.5) / _pct(full, 0.5) * 100:.0f} % of the instrumented mode's paired median"
+        if _pct(full, 0.5) > 0
+        else "the instrumented mode's paired median is not above zero in this run"
+    )
+    return [
+        "",
+        "**Hooks only** (`--hooks-only`: a third interleaved mode, the instrumentor installed "
+        "with its telemetry off -- the training thread's hooks and step detection, no "
+        "background drain, no span, metric or export): paired with plain as above, median "
+        f"**{_pct(hooks, 0.5):+.1f} µs** ({_pct(hooks, 0.5) / (plain * 1e4):+.2f} %), 95 % "
+        f"bootstrap interval {low:+.1f} to {high:+.1f} µs: {share}; the rest is the "
+        "background work (the "
+        "telemetry thread's Python, which the training thread waits for when it needs the "
+        "GIL back from a torch op, and the export).",
+    ]
+
+
 def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     from otelgpu.instrumentation.torch import TorchInstrumentor, flush
 
@@ -508,22 +563,27 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     inst.uninstrument()
 
     settle = max(0, min(args.settle, args.steps - 1))
-    times: dict[str, list[float]] = {"plain": [], "instrumented": []}
-    cpu: dict[str, float] = {"plain": 0.0, "instrumented": 0.0}
+    modes = ["plain", "instrumented", *([HOOKS_ONLY] if args.hooks_only else [])]
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu: dict[str, float] = dict.fromkeys(modes, 0.0)
     # Per repetition: seconds of the settle steps plus instrument()/uninstrument() calls.
-    startup: dict[str, list[float]] = {"plain": [], "instrumented": []}
+    startup: dict[str, list[float]] = {mode: [] for mode in modes}
     # Per repetition: the median of its steady-state steps (the paired comparison).
-    rep_median: dict[str, list[float]] = {"plain": [], "instrumented": []}
+    rep_median: dict[str, list[float]] = {mode: [] for mode in modes}
     # Per repetition: the mean of its steady-state steps, the flush included (the
     # background thread's work and the export, charged to the last step).
-    rep_mean: dict[str, list[float]] = {"plain": [], "instrumented": []}
-    faults: dict[str, int] = {"plain": 0, "instrumented": 0}
+    rep_mean: dict[str, list[float]] = {mode: [] for mode in modes}
+    faults: dict[str, int] = dict.fromkeys(modes, 0)
     for rep in range(args.reps):
-        order = ("plain", "instrumented") if rep % 2 == 0 else ("instrumented", "plain")
+        # each mode first and last equally often (two modes: they alternate)
+        turn = modes[rep // 2 % len(modes) :] + modes[: rep // 2 % len(modes)]
+        order = turn if rep % 2 == 0 else turn[::-1]
         for mode in order:
             s0 = time.perf_counter()
-            if mode == "instrumented":
+            if mode != "plain":
                 inst.instrument(runtime=runtime, **options)
+                if mode == HOOKS_ONLY:
+                    _telemetry_off(inst)
             s_inst = time.perf_counter() - s0
             try:
                 minflt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -544,7 +604,7 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                 rep_mean[mode].append(statistics.fmean(steps[settle:]))
                 cpu[mode] += cpu_steady
             finally:
-                if mode == "instrumented":
+                if mode != "plain":
                     inst.uninstrument()
     cpu_step = {mode: cpu[mode] / len(times[mode]) for mode in cpu}
     startup_ms = (
@@ -674,6 +734,7 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         f"bootstrap interval of that median {low_us:+.1f} to {high_us:+.1f} µs "
         f"({low_us / (plain * 1e4):+.2f} to {high_us / (plain * 1e4):+.2f} %): "
         f"{verdict((low_us / (plain * 1e6), high_us / (plain * 1e6)), args.target)}.",
+        *_hooks_only_lines(rep_median, plain),
         "",
         "**Mean step, the flush included** (an upper bound: the median leaves out the last "
         "step of each repetition, which carries a synchronous `flush()` -- the background "
@@ -731,6 +792,8 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             name = name.replace(".md", "-otlp.md")
         if args.layers != 1:  # another model: its own file
             name = name.replace(".md", f"-{args.layers + 2}layer.md")
+        if args.hooks_only:
+            name = name.replace(".md", "-hooks.md")
         out = RESULTS.with_name(name)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)

@@ -161,12 +161,12 @@ HOOKS_ONLY = "hooks only"
 
 
 def _telemetry_off(inst: Any) -> None:
-    """The hooks stay (steps are detected on the training thread, as instrumented); the
-    telemetry takes nothing (no background drain, no span, no metric, no export)."""
+    """The hooks stay (steps are detected on the training thread and handed to the step
+    queue, as instrumented); the telemetry takes nothing (the queue drops what it is
+    handed, as a forked child's does: no background drain, no span, metric or export)."""
     telemetry = inst.telemetry
-    if telemetry.gpu_timer is None:  # the tracker would hand steps to the queue directly
-        raise SystemExit("--hooks-only needs the default cuda_events=True")
     telemetry.enabled = False
+    telemetry._queue.forget()
 
 
 def _setup(hidden: int, batch: int, steps: int, layers: int = 1) -> tuple[Any, Any, Any]:

@@ -217,10 +217,13 @@ class Telemetry:
 
     @property
     def on_step(self) -> Callable[[_steps.StepRecord], None]:
-        """What the step tracker calls with each finished step: :meth:`step`, or straight
-        the queue's ``put`` when there are no CUDA step events to pair (one frame less per
-        step; a forked child's hooks are off, so ``enabled`` needs no check there)."""
-        return self.step if self.gpu_timer is not None else self._queue.put
+        """What the step tracker calls with each finished step: :meth:`step` when there are
+        CUDA step events to pair (``gpu_step_time``), else straight the queue's ``put``
+        (one frame less per step on the training thread; ``enabled`` needs no check there:
+        it goes off with the hooks at ``uninstrument``, and a forked child's queue takes
+        nothing)."""
+        timer = self.gpu_timer
+        return self.step if timer is not None and timer.steps else self._queue.put
 
     def drain(self) -> None:
         """Turns every queued step into its span and metrics now (thread-safe)."""

@@ -31,8 +31,9 @@ the overhead is also given paired by repetition (each repetition's instrumented 
 minus its own plain median), which cancels slow drifts of the shared machine.
 
 ``--hooks-only`` adds a third interleaved mode, the instrumentor installed with its
-telemetry off (the training thread's hooks and step detection, nothing drained, recorded
-or exported), paired with plain the same way: how much of the overhead is the training
+telemetry off (the training thread's hooks and step detection as instrumented; the
+background thread drops the steps: nothing recorded or exported), paired with plain the
+same way: how much of the overhead is the training
 thread's own hooks and how much the background work (results in ``*-hooks.md``).
 
 The paired median comes with a 95 % bootstrap interval (resampled repetitions, fixed
@@ -161,12 +162,13 @@ HOOKS_ONLY = "hooks only"
 
 
 def _telemetry_off(inst: Any) -> None:
-    """The hooks stay (steps are detected on the training thread and handed to the step
-    queue, as instrumented); the telemetry takes nothing (the queue drops what it is
-    handed, as a forked child's does: no background drain, no span, metric or export)."""
-    telemetry = inst.telemetry
-    telemetry.enabled = False
-    telemetry._queue.forget()
+    """The hooks stay and the training thread does exactly what it does instrumented
+    (steps detected, probed, handed to the step queue); the background thread drops each
+    step it takes instead of turning it into spans and metrics (nothing recorded or
+    exported). Until stop 37 this mode also switched the telemetry off, which left the
+    training thread a probe call and a forgotten queue's lock per step that the
+    instrumented mode does not pay: its figures overstated the hooks."""
+    inst.telemetry._queue._consume = lambda step: None
 
 
 def _setup(hidden: int, batch: int, steps: int, layers: int = 1) -> tuple[Any, Any, Any]:

@@ -57,6 +57,42 @@ def _assert_contiguous(steps: list[StepRecord]) -> None:
     assert all(s.end_ns > s.start_ns for s in steps)
 
 
+class _Wrapping(torch.optim.Optimizer):
+    """A ZeRO-style optimizer: its step() steps the inner one (whose hooks fire first)."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:
+        self.inner = inner
+        super().__init__(inner.param_groups[0]["params"], {})
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        self.inner.step()
+
+
+def test_nested_optimizer_step_is_timed_once_by_the_outer_one(
+    session: Session, recorder: Recorder, clock: TickClock
+) -> None:
+    """The optimizer phase of a step whose optimizer steps another inside its own step
+    is the outer call, counted once: not the inner call alone, not both added up."""
+    model, inner = _model()
+    outer = _Wrapping(inner)
+    windows = []
+    for _ in range(20):
+        _loss(model).backward()
+        before = clock()
+        outer.step()  # hooks: outer pre, inner pre, inner post, outer post (one read each)
+        after = clock()
+        windows.append((before, after))
+        outer.zero_grad()
+    session.tracker.flush()
+    steps = recorder.steps
+    assert len(steps) == 20
+    _assert_contiguous(steps)
+    for record, (before, after) in zip(steps, windows, strict=True):
+        assert record.optimizer_steps == 2
+        # outer pre = before + 1, outer post = after - 1: the outer call's own interval
+        assert record.optimizer_ns == (after - 1) - (before + 1)
+
+
 def test_plain_loop_boundaries_are_the_optimizer_steps(
     session: Session, recorder: Recorder, clock: TickClock
 ) -> None:

@@ -222,6 +222,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             gpu_timer=gpu_timer,
             ddp_modules=ddp_modules,
             flops=None if counter is None else counter.step_closed,
+            phases=phases,
         )
         # A CPU build of torch has no allocator statistics: the tracker stops probing
         # (a call per step) once the telemetry knows it.

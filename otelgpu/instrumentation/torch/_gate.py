@@ -43,14 +43,13 @@ class _Gate:
 
 
 class _Local(threading.local):
-    """Per-thread re-entrancy depths and the optimizer pre-hook's start time."""
+    """Per-thread re-entrancy depths."""
 
     def __init__(self) -> None:
         self.comm_depth = 0
         self.ckpt_depth = 0
         self.data_depth = 0
         self.backward_depth = 0
-        self.opt_start_ns = 0
         self.compiled: Any = None  # the outermost torch.compile'd call in progress
         self.consumer_depth = 0  # inside a fetch-ahead loader's __iter__ (samples counted there)
 

@@ -101,6 +101,8 @@ class Installation:
         gpu_timer: CUDA-event timing of collectives on CUDA tensors, or None.
         ddp_modules: where the DDP modules built while instrumented are kept (weakly);
             default a new set.
+        phases: the step phases' hooks, timed by the ``torch.autograd.backward`` wrapper
+            (``_patch.autograd_backward``); None without the diagnosis.
     """
 
     def __init__(
@@ -114,8 +116,10 @@ class Installation:
         checkpoints: bool = True,
         gpu_timer: CudaEventTimer | None = None,
         ddp_modules: weakref.WeakSet[Any] | None = None,
+        phases: Any = None,
     ) -> None:
         self.tracker = tracker
+        self.phases = phases
         self.gpu_timer = gpu_timer
         self.sink = sink
         self.names = names
@@ -139,7 +143,7 @@ class Installation:
             pre, post = P.optimizer_hooks(t, s, self.names)
             p.handle(opt.register_optimizer_step_pre_hook(pre))
             p.handle(opt.register_optimizer_step_post_hook(post))
-            p.wrap(torch.autograd, "backward", P.autograd_backward(t, s))
+            p.wrap(torch.autograd, "backward", P.autograd_backward(t, s, self.phases))
             scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
             if scaler is not None:
                 p.wrap(scaler, "step", P.grad_scaler_step(t, s, self.names))

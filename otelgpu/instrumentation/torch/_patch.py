@@ -36,6 +36,7 @@ __all__ = [
     "engine_step",
     "grad_scaler_step",
     "is_compiling_fn",
+    "is_dynamo_compiling_fn",
     "optimizer_hooks",
     "torch_compile",
 ]
@@ -137,6 +138,17 @@ def is_compiling_fn() -> Callable[[], bool]:
     return fn if fn is not None else (lambda: False)
 
 
+def is_dynamo_compiling_fn() -> Callable[[], bool]:
+    """``torch.compiler.is_dynamo_compiling`` where this torch has it (one frame at run
+    time, where ``is_compiling`` is two: it asks TorchScript first), else
+    :func:`is_compiling_fn`'s. For hooks that only Dynamo traces (an optimizer step is
+    never scripted, and a non-strict ``torch.export`` of one is no training step)."""
+    import torch
+
+    fn = getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", None)
+    return fn if fn is not None else is_compiling_fn()
+
+
 def _comptime() -> Callable[..., Any] | None:
     """Dynamo's ``comptime``: runs a function while Dynamo traces, nothing at run time."""
     try:
@@ -167,13 +179,17 @@ def optimizer_hooks(
     compiled into the graph of the current compiled call (:func:`compiled_function`).
     """
     clock = tracker.clock
-    is_compiling = is_compiling_fn()
+    is_compiling = is_dynamo_compiling_fn()
     comptime = _comptime()
+    # Start times by optimizer id() (a dict item: a thread-local attribute costs several
+    # times more, every step). An optimizer stepped inside another's step (a ZeRO
+    # wrapper's inner one) reports no duration of its own: the outer one's covers it.
+    # Bounded by the optimizers in a step at once (an entry lives from pre to post).
+    starts: dict[int, int] = {}
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not GATE.on or is_compiling():
-            return
-        TLS.opt_start_ns = clock()
+        if GATE.on and not is_compiling():
+            starts[id(optimizer)] = clock()
 
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
         if not GATE.on:
@@ -187,8 +203,9 @@ def optimizer_hooks(
             key = id(optimizer)
             if key not in names:
                 names[key] = type(optimizer).__name__
-            start = TLS.opt_start_ns
-            TLS.opt_start_ns = 0
+            start = starts.pop(key, 0)
+            if starts:  # nested in another optimizer's step, which times the whole
+                start = 0
             tracker.optimizer_step(key, now, duration_ns=now - start if start else 0)
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             sink.error("torch.optimizer_post_hook", exc)
@@ -196,16 +213,38 @@ def optimizer_hooks(
     return pre, post
 
 
-def autograd_backward(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], AnyFn]:
-    """``torch.autograd.backward``: one outermost call per thread = one micro-batch."""
+def autograd_backward(
+    tracker: StepTracker, sink: Sink, phases: Any = None
+) -> Callable[[AnyFn], AnyFn]:
+    """``torch.autograd.backward``: one outermost call per thread = one micro-batch.
+
+    With ``phases`` (the step phases' ``PhaseHooks``) the same wrapper times the call for
+    them: its interval goes to ``phases.backward``, and before it the roots' timed calls
+    are checked (a replaced slot is wrapped again) or their discovery advanced. One
+    wrapper for both: a second one was a second frame, thread-local depth and clock
+    reading on every step.
+    """
+    clock = tracker.clock
 
     def factory(wrapped: AnyFn) -> AnyFn:
         @functools.wraps(wrapped)
         def backward(*args: Any, **kwargs: Any) -> Any:
             if not GATE.on or TLS.backward_depth:
                 return wrapped(*args, **kwargs)
+            if phases is not None:
+                roots = phases.timed_roots
+                if roots:
+                    # One root whose timed call ran since the last backward (a new
+                    # forward start) is still in its slot: no chain walk.
+                    started = phases.tls.fwd_start
+                    if len(roots) > 1 or started == phases.checked_forward:
+                        phases.recheck_roots()
+                    phases.checked_forward = started
+                elif phases.discovering:
+                    phases.discovery_backward()
+            start = clock()
             try:
-                tracker.backward_begin()
+                tracker.backward_begin(start)
             except Exception as exc:  # noqa: BLE001 - never raise into the host
                 sink.error("torch.autograd.backward", exc)
             TLS.backward_depth = 1
@@ -213,10 +252,13 @@ def autograd_backward(tracker: StepTracker, sink: Sink) -> Callable[[AnyFn], Any
                 return wrapped(*args, **kwargs)
             finally:
                 TLS.backward_depth = 0
+                end = clock()
                 try:
-                    tracker.backward_end()
+                    tracker.backward_end(end)
                 except Exception as exc:  # noqa: BLE001 - never raise into the host
                     sink.error("torch.autograd.backward", exc)
+                if phases is not None:
+                    phases.backward.append((start, end))
 
         return dynamo_skip(backward)
 

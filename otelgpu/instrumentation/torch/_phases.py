@@ -21,7 +21,9 @@ Zero code: the outermost modules are found by themselves, then timed with instan
   backward). Cost: ~0.5 µs per root call. Where the slot does not exist (torch older
   than 2.2) the roots get instance hooks as before.
 * **Backward**: the outermost ``torch.autograd.backward`` call per thread
-  (``Tensor.backward`` goes through it).
+  (``Tensor.backward`` goes through it), timed by the step tracker's own wrapper of it
+  (``_patch.autograd_backward``, given these hooks: one wrapper, one pair of clock
+  readings for both), which also checks the roots' timed calls before each call.
 * **Collectives**: the intervals the collective wrappers report (a tee in front of the
   telemetry sink), so communication inside forward/backward is counted once, as ``comm``.
 
@@ -34,7 +36,6 @@ enabled). Every hook is a pass-through when ``GATE.on`` is False and never raise
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import weakref
 from collections import deque
@@ -46,7 +47,7 @@ from otelgpu.diagnosis.stragglers import COMM_SLOTS
 from otelgpu.instrumentation.torch import _call_slot as call_slot
 from otelgpu.instrumentation.torch._call_slot import Box
 from otelgpu.instrumentation.torch._gate import GATE
-from otelgpu.instrumentation.torch._patch import ErrorSink, Patches, Sink, dynamo_skip
+from otelgpu.instrumentation.torch._patch import ErrorSink, Sink
 from otelgpu.instrumentation.torch._steps import Clock, StepRecord
 
 __all__ = ["PhaseHooks", "TeeSink"]
@@ -62,9 +63,6 @@ class _Local(threading.local):
     def __init__(self) -> None:
         self.fwd_depth = 0
         self.fwd_start = 0
-        self.bwd_depth = 0
-        #: ``fwd_start`` when this thread's backward last found the root wrapped
-        self.checked_fwd = 0
 
 
 def _take(ring: deque[Interval], end_ns: int) -> list[Interval]:
@@ -139,7 +137,7 @@ class _TimedCall:
     def _wrap(self, module: Any) -> None:
         ref = self.module
         hooks = self.hooks
-        tls, clock, forward = hooks._tls, hooks.clock, hooks.forward
+        tls, clock, forward = hooks.tls, hooks.clock, hooks.forward
 
         def make(box: Box) -> Callable[..., Any]:
             def timed_call(*args: Any, **kwargs: Any) -> Any:
@@ -195,11 +193,12 @@ class PhaseHooks:
         self.backward: deque[Interval] = deque(maxlen=RING)
         self.comm: deque[Interval] = deque(maxlen=RING)
         self._sink = sink
-        self._tls = _Local()
-        self.patches = Patches()
+        self.tls = _Local()
+        #: ``tls.fwd_start`` when a backward last found the roots' timed calls in place
+        self.checked_forward = 0
         self._global: list[Any] = []
         self._instance: list[Any] = []
-        self._wrapped: list[_TimedCall] = []
+        self.timed_roots: list[_TimedCall] = []
         self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self._pending_roots: list[Any] = []
         self._backwards = 0
@@ -221,29 +220,27 @@ class PhaseHooks:
             mm.register_module_forward_hook(self._global_post, always_call=True),
         ]
         self.discovering = True
-        self.patches.wrap(torch.autograd, "backward", self._backward)
 
     def undo(self) -> None:
         """Removes every hook and wrapper. Idempotent."""
         for handle in self._global + self._instance:
             with contextlib.suppress(Exception):  # a module gone with its hooks
                 handle.remove()
-        for timed in self._wrapped:
+        for timed in self.timed_roots:
             with contextlib.suppress(Exception):  # a module gone, or its slot replaced
                 timed.restore()
-        self._global, self._instance, self._wrapped = [], [], []
+        self._global, self._instance, self.timed_roots = [], [], []
         self.discovering = False
-        self.patches.undo()
 
     # ------------------------------------------------------------------ forward
     def _enter(self) -> None:
-        tls = self._tls
+        tls = self.tls
         tls.fwd_depth += 1
         if tls.fwd_depth == 1:
             tls.fwd_start = self.clock()
 
     def _exit(self) -> bool:
-        tls = self._tls
+        tls = self.tls
         if tls.fwd_depth <= 0:
             return False
         tls.fwd_depth -= 1
@@ -256,7 +253,7 @@ class PhaseHooks:
         if not GATE.on:
             return
         try:
-            if self._tls.fwd_depth == 0:
+            if self.tls.fwd_depth == 0:
                 if self._root_calls >= DISCOVERY_ROOT_CALLS:
                     # Pre-hooks run from a snapshot: removing them here is safe (this one
                     # call goes untimed). Never from the post-hook: on an exception torch
@@ -289,7 +286,7 @@ class PhaseHooks:
 
     def _finish_discovery(self) -> None:
         """Global hooks off, instance hooks on the roots (called outside any forward)."""
-        if not self.discovering or self._tls.fwd_depth:
+        if not self.discovering or self.tls.fwd_depth:
             return
         self.discovering = False
         for handle in self._global:
@@ -297,7 +294,7 @@ class PhaseHooks:
         self._global = []
         for module in self._pending_roots:
             if _HAS_SLOT:
-                self._wrapped.append(_TimedCall(self, module))
+                self.timed_roots.append(_TimedCall(self, module))
                 continue
             self._instance.append(module.register_forward_pre_hook(self._root_pre))
             self._instance.append(module.register_forward_hook(self._root_post, always_call=True))
@@ -305,44 +302,31 @@ class PhaseHooks:
 
     def _check_slots(self) -> None:
         """Re-wraps a root whose slot was replaced (``module.compile()`` after discovery)."""
-        for timed in self._wrapped:
+        for timed in self.timed_roots:
             timed.check()
 
     # ------------------------------------------------------------------ backward
-    def _backward(self, wrapped: Callable[..., Any]) -> Callable[..., Any]:
-        tls = self._tls
-        clock = self.clock
+    # The backward wrapper is the step tracker's (``_patch.autograd_backward`` given
+    # these hooks): it appends each outermost call's interval to :attr:`backward` and,
+    # before the call, checks the roots (the two methods below, off the common path).
 
-        @functools.wraps(wrapped)
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            if not GATE.on or tls.bwd_depth:
-                return wrapped(*args, **kwargs)
-            if self._wrapped:
-                # One root whose timed call ran since the last backward (a new forward
-                # start) is still in its slot: no chain walk (this runs every step).
-                started = tls.fwd_start
-                if len(self._wrapped) > 1 or started == tls.checked_fwd:
-                    try:
-                        self._check_slots()
-                    except Exception as exc:  # noqa: BLE001 - never raise into the host
-                        self._sink.error("torch.phases.roots", exc)
-                tls.checked_fwd = started
-            elif self.discovering:
-                self._backwards += 1
-                if self._backwards >= DISCOVERY_BACKWARDS:
-                    try:
-                        self._finish_discovery()
-                    except Exception as exc:  # noqa: BLE001 - never raise into the host
-                        self._sink.error("torch.phases.discovery", exc)
-            tls.bwd_depth = 1
-            start = clock()
+    def recheck_roots(self) -> None:
+        """Wraps again a root whose slot was replaced (``module.compile()`` after
+        discovery); the backward wrapper calls it when no timed call ran since the last
+        backward, or when there are several roots."""
+        try:
+            self._check_slots()
+        except Exception as exc:  # noqa: BLE001 - never raise into the host
+            self._sink.error("torch.phases.roots", exc)
+
+    def discovery_backward(self) -> None:
+        """A backward during discovery: the ``DISCOVERY_BACKWARDS``-th ends it."""
+        self._backwards += 1
+        if self._backwards >= DISCOVERY_BACKWARDS:
             try:
-                return wrapped(*args, **kwargs)
-            finally:
-                tls.bwd_depth = 0
-                self.backward.append((start, clock()))
-
-        return dynamo_skip(backward)
+                self._finish_discovery()
+            except Exception as exc:  # noqa: BLE001 - never raise into the host
+                self._sink.error("torch.phases.discovery", exc)
 
     # ------------------------------------------------------------------ consume
     def take(self, record: StepRecord) -> tuple[dict[str, int], list[int]]:

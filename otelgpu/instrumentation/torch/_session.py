@@ -38,6 +38,8 @@ class Session:
             ``FlopsCounter.step_closed``); errors reported, the step then carries none.
         ddp_modules: where the DDP modules built while instrumented are kept (weakly);
             default a new set.
+        phases: the step phases' hooks (``_phases.PhaseHooks``), timed by the backward
+            wrapper; None without the diagnosis.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class Session:
         gpu_timer: CudaEventTimer | None = None,
         flops: Callable[[], float | None] | None = None,
         ddp_modules: weakref.WeakSet[Any] | None = None,
+        phases: Any = None,
     ) -> None:
         self.sink = sink
         self.names: dict[int, str] = {}
@@ -77,6 +80,7 @@ class Session:
             checkpoints=checkpoints,
             gpu_timer=gpu_timer,
             ddp_modules=ddp_modules,
+            phases=phases,
         )
         self.started = False
         #: Extra installers (e.g. the phase hooks): ``install(torch)`` when torch is

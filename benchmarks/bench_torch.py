@@ -538,8 +538,9 @@ def _hooks_only_lines(rep_median: dict[str, list[float]], plain: float) -> list[
     return [
         "",
         "**Hooks only** (`--hooks-only`: a third interleaved mode, the instrumentor installed "
-        "with its telemetry off -- the training thread's hooks and step detection, no "
-        "background drain, no span, metric or export): paired with plain as above, median "
+        "with its telemetry off -- the training thread's hooks, step detection and hand-off "
+        "as instrumented; the background thread drops the steps: no span, metric or "
+        "export): paired with plain as above, median "
         f"**{_pct(hooks, 0.5):+.1f} µs** ({_pct(hooks, 0.5) / (plain * 1e4):+.2f} %), 95 % "
         f"bootstrap interval {low:+.1f} to {high:+.1f} µs: {share}; the rest is the "
         "background work (the "

@@ -57,6 +57,32 @@ def _assert_contiguous(steps: list[StepRecord]) -> None:
     assert all(s.end_ns > s.start_ns for s in steps)
 
 
+def _timed_steps(
+    session: Session,
+    recorder: Recorder,
+    clock: TickClock,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    n: int = 20,
+) -> list[tuple[StepRecord, tuple[int, int]]]:
+    """``n`` iterations of backward, ``opt.step()`` (the clock read just before and just
+    after it) and ``zero_grad``; the flushed steps (one per iteration, contiguous), each
+    with its ``(before, after)`` window."""
+    windows = []
+    for _ in range(n):
+        _loss(model).backward()
+        before = clock()
+        opt.step()
+        after = clock()
+        windows.append((before, after))
+        opt.zero_grad()
+    session.tracker.flush()
+    steps = recorder.steps
+    assert len(steps) == n
+    _assert_contiguous(steps)
+    return list(zip(steps, windows, strict=True))
+
+
 class _Wrapping(torch.optim.Optimizer):
     """A ZeRO-style optimizer: its step() steps the inner one (whose hooks fire first)."""
 
@@ -74,20 +100,8 @@ def test_nested_optimizer_step_is_timed_once_by_the_outer_one(
     """The optimizer phase of a step whose optimizer steps another inside its own step
     is the outer call, counted once: not the inner call alone, not both added up."""
     model, inner = _model()
-    outer = _Wrapping(inner)
-    windows = []
-    for _ in range(20):
-        _loss(model).backward()
-        before = clock()
-        outer.step()  # hooks: outer pre, inner pre, inner post, outer post (one read each)
-        after = clock()
-        windows.append((before, after))
-        outer.zero_grad()
-    session.tracker.flush()
-    steps = recorder.steps
-    assert len(steps) == 20
-    _assert_contiguous(steps)
-    for record, (before, after) in zip(steps, windows, strict=True):
+    # hooks in outer.step(): outer pre, inner pre, inner post, outer post (one read each)
+    for record, (before, after) in _timed_steps(session, recorder, clock, model, _Wrapping(inner)):
         assert record.optimizer_steps == 2
         # outer pre = before + 1, outer post = after - 1: the outer call's own interval
         assert record.optimizer_ns == (after - 1) - (before + 1)
@@ -97,19 +111,7 @@ def test_plain_loop_boundaries_are_the_optimizer_steps(
     session: Session, recorder: Recorder, clock: TickClock
 ) -> None:
     model, opt = _model()
-    windows = []
-    for _ in range(6):
-        _loss(model).backward()
-        before = clock()
-        opt.step()
-        after = clock()
-        windows.append((before, after))
-        opt.zero_grad()
-    session.tracker.flush()
-    steps = recorder.steps
-    assert len(steps) == 6
-    _assert_contiguous(steps)
-    for record, (before, after) in zip(steps, windows, strict=True):
+    for record, (before, after) in _timed_steps(session, recorder, clock, model, opt, n=6):
         assert before < record.end_ns < after  # ends inside optimizer.step()
         assert (record.micro_batches, record.optimizer_steps, record.skipped) == (1, 1, False)
         assert record.optimizer_ns > 0

@@ -123,6 +123,36 @@ def test_zero_code_mfu_from_counted_flops(run: RuntimeHarness) -> None:
     assert mfu.count == len(with_mfu)
 
 
+def test_watching_steps_are_looked_up_by_the_tracker(
+    run: RuntimeHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once watching, the tracker looks each step's signature up itself (no Python call
+    per step); ``step_closed`` runs again only for a signature it misses."""
+    closed: list[str] = []
+    real = FlopsCounter.step_closed
+
+    def step_closed(self: FlopsCounter) -> float | None:
+        closed.append(self.phase)
+        return real(self)
+
+    monkeypatch.setattr(FlopsCounter, "step_closed", step_closed)
+    run.instrument()
+    model = Model()
+    train(model, STEPS, seq=8)
+    counter = _counter()
+    session = TorchInstrumentor().session
+    assert session is not None
+    assert counter.phase == "watch"
+    assert session.tracker.flops_table is counter.by_signature
+    assert session.tracker.flops_calls is counter._calls
+    assert closed == ["start", "discover", "count"]  # then none: every step a hit
+    train(model, 8, seq=16)  # a new shape: one miss, one counted step, then hits again
+    assert closed[3:] == ["watch", "count"]
+    assert counter.measured == 2
+    figures = [s.get("otelgpu.train.flops") for s in _spans(run)]
+    assert figures[-1] == pytest.approx(analytic_flops(16), rel=0.01)
+
+
 def test_a_later_instrumentation_of_the_same_model_reuses_the_count(run: RuntimeHarness) -> None:
     # instrument(); train; uninstrument(); instrument() again (a notebook re-run): the model
     # was counted once in this process, so no step is counted again and MFU comes sooner.

@@ -222,3 +222,37 @@ def test_callback_errors_go_to_on_error_alike_in_both_twins() -> None:
         assert all(f is None or isinstance(f, float) for _, _, f in emitted), cls
         seen.append((emitted, errors))
     assert seen[0] == seen[1]
+
+
+def test_flops_table_spares_the_flops_call_on_a_hit() -> None:
+    """With ``flops_calls``/``flops_table`` set (the FLOP counter watching), a step whose
+    calls are in the table carries its figure and the list is cleared without a ``flops``
+    call; a miss, or an unhashable call, calls ``flops`` with the list as it was."""
+    assert _NATIVE is not None
+    seen = []
+    for cls in (_NATIVE.StepTracker, PyStepTracker):
+        records: list[StepRecord] = []
+        calls: list[Any] = []
+        lists_seen: list[list[Any]] = []
+
+        def flops(calls: list[Any] = calls, lists_seen: list[list[Any]] = lists_seen) -> float:
+            lists_seen.append(list(calls))
+            calls.clear()
+            return -1.0
+
+        t = cls(records.append, clock=itertools.count(1).__next__, flops=flops, step_optimizer=1)
+        t.flops_calls = calls
+        t.flops_table = {(("a", 1),): 100, (): 7}
+        for step_calls in ([("a", 1)], [("a", 2)], [("a", 1)], [], [["unhashable"]]):
+            calls.extend(step_calls)
+            t.backward_begin()
+            t.backward_end()
+            t.optimizer_step(1)
+        t.flush()
+        figures = [r.flops for r in records]
+        seen.append((figures, lists_seen))
+        assert figures == [100.0, -1.0, 100.0, 7.0, -1.0], cls
+        assert lists_seen == [[("a", 2)], [["unhashable"]]], cls
+        assert all(isinstance(f, float) for f in figures if f is not None), cls
+        assert calls == [], cls
+    assert seen[0] == seen[1]

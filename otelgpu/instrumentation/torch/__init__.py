@@ -228,6 +228,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # (a call per step) once the telemetry knows it.
         telemetry.on_probe_idle = lambda: setattr(session.tracker, "probe", None)
         if counter is not None:
+            counter.attach(session.tracker)
             session.extensions.append(counter)
         if phases is not None:
             session.extensions.append(phases)

@@ -24,6 +24,9 @@ table of ``otelgpu.gpu_truth.peaks``). Between two closes it runs in three phase
    the counter's overhead (a Python dispatch per op and per module call -- on CPU about
    1.5-3x a plain step, measured in ``docs/gpu-truth.md``), so its MFU would be low.
 3. **Watch** (every later step): the step's signature selects the cached figure. The
+   tracker looks it up itself (:meth:`FlopsCounter.attach`: its ``flops_calls`` and
+   ``flops_table``, in C for the native tracker) and calls :meth:`~FlopsCounter.step_closed`
+   only when it misses. The
    figures are kept per model for the whole process: a later ``instrument()`` over the
    same model goes from discovery straight to watching (no step is counted again). A step
    whose signature was never counted (a new sequence length, a new batch size) carries
@@ -119,6 +122,22 @@ class FlopsCounter:
         self._mode: Any = None
         self._mode_thread = 0
         self._gave_up = False
+        self._tracker: Any = None
+
+    def attach(self, tracker: Any) -> None:
+        """The step tracker whose ``flops`` this is: while watching, it looks the step's
+        signature up itself (its ``flops_calls``/``flops_table``) and calls
+        :meth:`step_closed` only on a miss -- no Python call per step."""
+        self._tracker = tracker
+        self._set_phase(self.phase)
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        tracker = self._tracker
+        if tracker is not None:
+            watching = phase == _WATCH
+            tracker.flops_table = self.by_signature if watching else None
+            tracker.flops_calls = self._calls if watching else None
 
     # -- extension protocol (Session.extensions) ----------------------------------------
 
@@ -142,7 +161,7 @@ class FlopsCounter:
                 self._leave()
             else:
                 self._fail("the counted step was in progress on another thread at uninstrument")
-        self.phase = _OFF
+        self._set_phase(_OFF)
 
     # -- the tracker's flops source ----------------------------------------------------
 
@@ -163,11 +182,11 @@ class FlopsCounter:
         elif phase == _START:
             if self._usable():
                 self._discover_begin()
-                self.phase = _DISCOVER
+                self._set_phase(_DISCOVER)
         elif phase == _DISCOVER:
             self._discover_end()
             if self._reuse_counted():
-                self.phase = _WATCH
+                self._set_phase(_WATCH)
             else:
                 self._count_next()
         else:  # _COUNT; the counted step's own duration includes the counter's overhead
@@ -175,7 +194,7 @@ class FlopsCounter:
             if counted is not None:
                 self.by_signature[signature] = counted
                 self.measured += 1
-                self.phase = _WATCH
+                self._set_phase(_WATCH)
         return None
 
     # -- phases ------------------------------------------------------------------------
@@ -229,7 +248,7 @@ class FlopsCounter:
             return
         self._mode = mode
         self._mode_thread = threading.get_ident()
-        self.phase = _COUNT
+        self._set_phase(_COUNT)
 
     def _leave(self) -> int | None:
         """Leaves the counter at the counted step's close: its FLOPs, or None on failure."""
@@ -270,7 +289,7 @@ class FlopsCounter:
 
     def _fail(self, reason: str, exc: BaseException | None = None) -> None:
         self.failure = reason
-        self.phase = _OFF
+        self._set_phase(_OFF)
         self._sink.error(_WHERE, exc if exc is not None else RuntimeError(reason))
 
     # -- root discovery and the shape signature ------------------------------------------
@@ -317,9 +336,10 @@ class FlopsCounter:
                 if GATE.on and self._signing and len(calls) < MAX_CALLS:
                     try:
                         if not kwargs and len(args) == 1 and type(args[0]) is tensor:
-                            # shape_signature(x) of the usual model(x), inlined (per call)
+                            # the usual model(x): one (shape, dtype) pair (not
+                            # shape_signature's tuple of pairs: one tuple less per call)
                             x = args[0]
-                            calls.append(((x.shape, x.dtype),))
+                            calls.append((x.shape, x.dtype))
                         else:
                             calls.append(
                                 shape_signature(*args, *kwargs.values())

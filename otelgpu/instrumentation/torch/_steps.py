@@ -73,7 +73,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from otelgpu import _impl
 from otelgpu.instrumentation.torch._anchor import AnchorWindow
@@ -131,6 +131,13 @@ class PyStepTracker:
             none) instead of the caller; must not raise. The session's error sink: the
             callbacks run on the training thread at every step's close, and catching
             here spares each a wrapper's frame.
+
+    Attributes:
+        flops_calls, flops_table: a lookup that spares the ``flops`` call when both are
+            set (the FLOP counter sets them while it only looks figures up): at a step's
+            close ``flops_table.get(tuple(flops_calls))`` is the step's FLOPs, and
+            ``flops_calls`` is cleared; a miss (or a lookup that raises) calls ``flops``
+            as without them, the list left as it was.
     """
 
     def __init__(
@@ -154,6 +161,8 @@ class PyStepTracker:
         self._probe_target: Accum | None = None
         self.flops = flops
         self._flops_target: Accum | None = None
+        self.flops_calls: list[Any] | None = None
+        self.flops_table: dict[Any, Any] | None = None
         self.clock: Clock = clock if clock is not None else epoch_clock()
         self._lock = threading.Lock()
         self._anchors = AnchorWindow(window)
@@ -595,7 +604,25 @@ class PyStepTracker:
         probed, self._probe_target = self._probe_target, None
         counted, self._flops_target = self._flops_target, None
         self._fill(probed, self.probe, "probe", "torch.step_probe")
+        if counted is not None and self._looked_up(counted):
+            return
         self._fill(counted, self.flops, "flops", "torch.flops")
+
+    def _looked_up(self, target: Accum) -> bool:
+        """The ``flops_table`` lookup; True on a hit (``target.flops`` set)."""
+        calls, table = self.flops_calls, self.flops_table
+        if calls is None or table is None or self.flops is None:
+            return False
+        try:
+            value = table.get(tuple(calls))
+        except Exception:  # noqa: BLE001 - an unhashable signature: the flops call decides
+            return False
+        if not isinstance(value, float | int):
+            return False
+        calls.clear()
+        with self._lock:
+            target.flops = float(value)
+        return True
 
     def _fill(
         self, target: Accum | None, source: Callable[[], object] | None, name: str, where: str

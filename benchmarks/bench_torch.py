@@ -514,6 +514,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _measure(args, argv)
     finally:
         if receiver is not None:
+            # otelgpu's own shutdown (else at exit) sends the last spans and metrics
+            # while the receiver still listens: none reported lost at exit
+            import otelgpu
+
+            otelgpu.shutdown()
             receiver.kill()
             receiver.wait()
 

@@ -120,6 +120,7 @@ cdef class Accum:
     cdef public object probe
     cdef public object flops
     cdef public tuple marks
+    cdef public tuple settled
 
     def __cinit__(self):
         self.comm_by_op = {}
@@ -178,6 +179,13 @@ cdef class Accum:
             rule,
             self.flops,
         )
+
+    def finish(self):
+        """The record of a step its tracker emitted deferred (``settled`` set)."""
+        if self.settled is None:
+            raise RuntimeError("finish() of a step never settled")
+        step, start_ns, end_ns, rule = self.settled
+        return self.record(step, start_ns, end_ns, rule)
 
     @property
     def trains(self):
@@ -256,6 +264,7 @@ cdef class StepTracker:
     cdef dict __dict__  # instance attributes, as the twin allows (tests patch methods)
     cdef object _emit
     cdef object _on_error
+    cdef bint _deferred
     cdef public object probe
     cdef public object flops
     cdef public list flops_calls
@@ -305,9 +314,11 @@ cdef class StepTracker:
         probe=None,
         flops=None,
         on_error=None,
+        bint deferred=False,
     ):
         self._emit = emit
         self._on_error = on_error
+        self._deferred = deferred
         self.probe = probe
         self._probe_target = None
         self.flops = flops
@@ -782,6 +793,9 @@ cdef class StepTracker:
             rule = self._effective_rule_locked()
         if rule != self._announced:
             self._announced = self._announce = rule
+        if self._deferred:  # the consumer builds the record (finish()), off this thread
+            acc.settled = (self._steps, start, end_ns, rule)
+            return [acc]
         return [acc.record(self._steps, start, end_ns, rule)]
 
     cdef void _close_done(self, list done) except *:

@@ -28,7 +28,8 @@ class _Twin:
 
     def __init__(self, cls: Any, **kwargs: Any) -> None:
         self.clock = itertools.count(1)
-        self.steps: list[StepRecord] = []
+        self.steps: list[Any] = []  # records, or accumulators emitted ``deferred``
+        self.deferred = kwargs.get("deferred", False)
         self.probes = 0
         self.flops_calls = 0
         self.tracker = cls(
@@ -50,7 +51,7 @@ class _Twin:
     def state(self) -> tuple[Any, ...]:
         t = self.tracker
         return (
-            list(self.steps),
+            [a.finish() for a in self.steps] if self.deferred else list(self.steps),
             self.probes,
             self.flops_calls,
             t.rule,
@@ -118,16 +119,21 @@ def test_random_event_sequences_give_the_same_steps(seed: int) -> None:
     )  # fmt: skip
     assert _NATIVE is not None
     py, native = _Twin(PyStepTracker, **kwargs), _Twin(_NATIVE.StepTracker, **kwargs)
+    # emitted deferred (the accumulators, their records built by finish()): the same steps
+    deferred = [_Twin(cls, deferred=True, **kwargs) for cls in (PyStepTracker, _NATIVE.StepTracker)]
+    twins = [native, *deferred]
     times = itertools.count(10_000)
     for i in range(400):
         method, args, kw = _event(rng, times)
         getattr(py.tracker, method)(*args, **kw)
-        getattr(native.tracker, method)(*args, **kw)
-        assert native.state() == py.state(), f"seed {seed}, event {i}: {method}{args}{kw}"
-    py.tracker.flush()
-    native.tracker.flush()
-    assert native.state() == py.state()
+        for twin in twins:
+            getattr(twin.tracker, method)(*args, **kw)
+            assert twin.state() == py.state(), f"seed {seed}, event {i}: {method}{args}{kw}"
+    for twin in (py, *twins):
+        twin.tracker.flush()
+    assert all(twin.state() == py.state() for twin in twins)
     assert py.steps, "the sequence produced steps"
+    assert all(not isinstance(a, StepRecord) for twin in deferred for a in twin.steps)
 
 
 def test_native_twin_is_selected_with_the_native_core() -> None:

@@ -223,6 +223,7 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             ddp_modules=ddp_modules,
             flops=None if counter is None else counter.step_closed,
             phases=phases,
+            deferred=True,  # the telemetry's drain builds each step's record
         )
         # A CPU build of torch has no allocator statistics: the tracker stops probing
         # (a call per step) once the telemetry knows it.

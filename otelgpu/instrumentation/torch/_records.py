@@ -50,7 +50,7 @@ RULE_TEXT = {
 }
 
 Clock = Callable[[], int]
-Records = Sequence["StepRecord"]
+Records = Sequence["StepRecord | Accum"]
 
 
 def epoch_clock() -> Clock:
@@ -133,6 +133,7 @@ class Accum:
         "optimizer_ns",
         "optimizer_steps",
         "probe",
+        "settled",
         "skipped",
         "tail_end_ns",
     )
@@ -158,6 +159,8 @@ class Accum:
         self.end_ns = 0
         self.tail_end_ns = 0
         self.marks: tuple[object, ...] = ()
+        #: (step, start_ns, end_ns, rule) of a settled step emitted deferred
+        self.settled: tuple[int, int, int, str] | None = None
 
     def absorb_earlier(self, earlier: Accum) -> None:
         """Adds ``earlier`` (the work just before this) into this accumulator."""
@@ -210,6 +213,12 @@ class Accum:
             rule=rule,
             flops=self.flops,
         )
+
+    def finish(self) -> StepRecord:
+        """The record of a step its tracker emitted deferred (``settled`` set)."""
+        if self.settled is None:
+            raise RuntimeError("finish() of a step never settled")
+        return self.record(*self.settled)
 
     @property
     def trains(self) -> bool:

@@ -17,7 +17,7 @@ from otelgpu.instrumentation.torch._cuda_events import CudaEventTimer
 from otelgpu.instrumentation.torch._gate import GATE
 from otelgpu.instrumentation.torch._install import Installation, clear_handlers, on_import
 from otelgpu.instrumentation.torch._patch import Sink
-from otelgpu.instrumentation.torch._steps import Clock, StepRecord, StepTracker
+from otelgpu.instrumentation.torch._steps import Clock, StepTracker
 
 __all__ = ["Session"]
 
@@ -26,7 +26,8 @@ class Session:
     """Step detection wired to torch.
 
     Args:
-        on_step: receives each finished :class:`StepRecord` (on the training thread).
+        on_step: receives each finished :class:`~._steps.StepRecord` (on the training thread;
+            its accumulator with ``deferred``).
         sink: receives per-operation measurements and our own errors.
         clock: ns clock (default: monotonic on the ``time.time_ns`` epoch).
         step_optimizer: the optimizer whose steps define steps (anchor override).
@@ -40,11 +41,13 @@ class Session:
             default a new set.
         phases: the step phases' hooks (``_phases.PhaseHooks``), timed by the backward
             wrapper; None without the diagnosis.
+        deferred: ``on_step`` gets each step's accumulator, whose ``finish()`` builds its
+            record (the tracker's ``deferred``: the record built off the training thread).
     """
 
     def __init__(
         self,
-        on_step: Callable[[StepRecord], None],
+        on_step: Callable[[Any], None],
         sink: Sink,
         *,
         clock: Clock | None = None,
@@ -57,6 +60,7 @@ class Session:
         flops: Callable[[], float | None] | None = None,
         ddp_modules: weakref.WeakSet[Any] | None = None,
         phases: Any = None,
+        deferred: bool = False,
     ) -> None:
         self.sink = sink
         self.names: dict[int, str] = {}
@@ -70,6 +74,7 @@ class Session:
             probe=probe,
             flops=flops,
             on_error=sink.error,
+            deferred=deferred,
         )
         self.installation = Installation(
             self.tracker,

@@ -131,6 +131,10 @@ class PyStepTracker:
             none) instead of the caller; must not raise. The session's error sink: the
             callbacks run on the training thread at every step's close, and catching
             here spares each a wrapper's frame.
+        deferred: ``emit`` gets each finished step's accumulator instead of its record;
+            its ``finish()`` (on any thread, once emitted) builds the same
+            :class:`StepRecord`. The step queue's consumer does, off the training thread:
+            building a record is the costliest part of a step's close there.
 
     Attributes:
         flops_calls, flops_table: a lookup that spares the ``flops`` call when both are
@@ -142,7 +146,7 @@ class PyStepTracker:
 
     def __init__(
         self,
-        emit: Callable[[StepRecord], None],
+        emit: Callable[[Any], None],
         *,
         clock: Clock | None = None,
         window: int = 64,
@@ -154,9 +158,11 @@ class PyStepTracker:
         probe: Callable[[], object] | None = None,
         flops: Callable[[], float | None] | None = None,
         on_error: Callable[[str, BaseException], None] | None = None,
+        deferred: bool = False,
     ) -> None:
         self._emit = emit
         self._on_error = on_error
+        self._deferred = deferred
         self.probe = probe
         self._probe_target: Accum | None = None
         self.flops = flops
@@ -554,7 +560,7 @@ class PyStepTracker:
             return self._decide_locked(RULE_BACKWARD)
         return []
 
-    def _decide_locked(self, rule: str) -> list[StepRecord]:
+    def _decide_locked(self, rule: str) -> list[StepRecord | Accum]:
         """Cuts the buffered segments into steps by ``rule``; returns the finished ones.
 
         The last step stays pending (it may still absorb firings); work after it joins
@@ -563,7 +569,7 @@ class PyStepTracker:
         self._set_rule_locked(rule)
         anchor = self._anchor_locked()
         boundary: object = ("opt", anchor) if rule == RULE_OPTIMIZER else _BACKWARD_MARK
-        done: list[StepRecord] = []
+        done: list[StepRecord | Accum] = []
         absorbing = self._absorbing
         current: Accum | None = None
         for segment in self._segments:
@@ -596,6 +602,9 @@ class PyStepTracker:
             rule = self._effective_rule_locked()
         if rule != self._announced:
             self._announced = self._announce = rule
+        if self._deferred:  # the consumer builds the record (``finish()``), off this thread
+            acc.settled = (self._steps, start, end_ns, rule)
+            return [acc]
         return [acc.record(self._steps, start, end_ns, rule)]
 
     def _run_probe(self) -> None:

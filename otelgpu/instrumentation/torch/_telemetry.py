@@ -39,6 +39,7 @@ from otelgpu.instrumentation.torch._cuda_events import PENDING_LIMIT, CudaEventT
 from otelgpu.instrumentation.torch._devices import StepDevices
 from otelgpu.instrumentation.torch._gauges import DDP_READ_EVERY, TorchGauges
 from otelgpu.instrumentation.torch._memory import CudaMemory, MemorySnapshot
+from otelgpu.instrumentation.torch._records import Accum
 from otelgpu.instrumentation.torch._runtime_ref import RuntimeRef
 from otelgpu.instrumentation.torch._step_queue import StepQueue
 from otelgpu.metrics import catalog as C
@@ -122,7 +123,7 @@ class Telemetry:
         self.gauges = TorchGauges(
             ddp_modules, on_collect_error=runtime.error, on_ddp_error=runtime.report
         )
-        self._queue: StepQueue[_steps.StepRecord] = StepQueue(
+        self._queue: StepQueue[_steps.StepRecord | Accum] = StepQueue(
             self._record_step,
             before_drain=self._poll_gpu,
             on_error=self.error,
@@ -199,8 +200,9 @@ class Telemetry:
 
     # ------------------------------------------------------------------ steps
 
-    def step(self, record: _steps.StepRecord) -> None:
-        """Queues one finished step (training thread: an append, < 1 µs).
+    def step(self, record: _steps.StepRecord | Accum) -> None:
+        """Queues one finished step (training thread: an append, < 1 µs); a record, or
+        the accumulator the tracker emits deferred (the drain builds its record).
 
         The span and metrics are made by a background thread (:meth:`drain` also runs
         on ``flush()``/``uninstrument()``): most of that work overlaps torch compute,
@@ -212,11 +214,14 @@ class Telemetry:
         if isinstance(probe, StepProbe) and probe.gpu_event is not None:
             timer = self.gpu_timer
             if timer is not None:  # in step order, before the drain that pairs it
-                timer.add_boundary(record.step, probe.gpu_event)
+                # a deferred accumulator is emitted settled: (step, start, end, rule)
+                settled = None if isinstance(record, _steps.StepRecord) else record.settled
+                number = record.step if settled is None else settled[0]  # type: ignore[union-attr]
+                timer.add_boundary(number, probe.gpu_event)
         self._queue.put(record)
 
     @property
-    def on_step(self) -> Callable[[_steps.StepRecord], None]:
+    def on_step(self) -> Callable[[_steps.StepRecord | Accum], None]:
         """What the step tracker calls with each finished step: :meth:`step` when there are
         CUDA step events to pair (``gpu_step_time``), else straight the queue's ``put``
         (one frame less per step on the training thread; ``enabled`` needs no check there:
@@ -338,8 +343,11 @@ class Telemetry:
         for step in [s for s in self._gpu_steps if s < record.step]:
             del self._gpu_steps[step]
 
-    def _record_step(self, record: _steps.StepRecord) -> None:
-        """One finished step: span (every ``span_every``), metrics, ratio ring."""
+    def _record_step(self, record: _steps.StepRecord | Accum) -> None:
+        """One finished step: span (every ``span_every``), metrics, ratio ring. A deferred
+        accumulator's record is built here, off the training thread."""
+        if not isinstance(record, _steps.StepRecord):
+            record = record.finish()
         rt = self.runtime()
         if rt is None:
             return

@@ -262,3 +262,14 @@ def test_flops_table_spares_the_flops_call_on_a_hit() -> None:
         assert all(isinstance(f, float) for f in figures if f is not None), cls
         assert calls == [], cls
     assert seen[0] == seen[1]
+
+
+def test_finish_of_an_accumulator_never_settled_raises() -> None:
+    """``finish()`` is for steps a tracker emitted deferred; on the accumulator of a step
+    in progress it raises instead of building a record with made-up times."""
+    from otelgpu.instrumentation.torch._records import Accum
+
+    assert _NATIVE is not None
+    for cls in (Accum, _NATIVE.Accum):
+        with pytest.raises(RuntimeError, match="never settled"):
+            cls().finish()

@@ -31,6 +31,7 @@ _lock = threading.RLock()
 _handle: Instrumentation | None = None
 _fork_hook_installed = False
 _atexit_installed = False
+_froze_gc = False  # instrument() called gc.freeze() (OTELGPU_GC_FREEZE): undone at exit
 
 
 class Instrumentation:
@@ -280,6 +281,10 @@ def _at_exit() -> None:
             handle.shutdown()
         except Exception as exc:  # noqa: BLE001 - interpreter is exiting
             _logger.warning("otelgpu: error during exit flush: %r", exc)
+    if _froze_gc:
+        # The interpreter's last collections skip frozen objects: extension types that
+        # report what is never freed (nanobind's, triton's) would print leak warnings.
+        gc.unfreeze()
 
 
 def instrument(
@@ -300,7 +305,7 @@ def instrument(
         otelgpu.errors.ConfigurationError: a setting has an invalid value (the message
             names the setting and the accepted values).
     """
-    global _handle, _fork_hook_installed, _atexit_installed
+    global _handle, _fork_hook_installed, _atexit_installed, _froze_gc
     with _lock:
         if _handle is not None:
             if settings or tracer_provider or meter_provider:
@@ -316,6 +321,13 @@ def instrument(
             # thread allocates next -- often the host's loop. One full collection now, while
             # the caller waits for instrument() anyway, resets that count.
             gc.collect()
+            if resolved.gc_freeze:
+                # ... and leaves full collections only the objects made from now on to
+                # scan: otherwise every later one walks all of start-up's again (6-16 ms,
+                # ~50 k objects without torch, several times that with it), in whichever
+                # thread triggers it -- the host's loop, often (OTELGPU_GC_FREEZE).
+                gc.freeze()
+                _froze_gc = True
             _runtime._set_current(runtime)
             if not _fork_hook_installed and hasattr(os, "register_at_fork"):
                 os.register_at_fork(after_in_child=_after_fork_in_child)

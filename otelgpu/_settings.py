@@ -92,6 +92,7 @@ class Settings:
     metrics_exporter: str = "default"
     shutdown_timeout_ms: int = 3000
     flush_on_sigterm: bool = True
+    gc_freeze: bool = True
     prometheus_rank_offset: bool = True
     step_spans_per_second: int = 100
 
@@ -424,6 +425,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("flush_on_sigterm", ev.OTELGPU_FLUSH_ON_SIGTERM, None, _bool, "true or false",
             "On SIGTERM (default disposition only), flush within shutdown_timeout_ms, then "
             "die of SIGTERM."),
+    Setting("gc_freeze", ev.OTELGPU_GC_FREEZE, None, _bool, "true or false",
+            "After instrument()'s start-up collection, gc.freeze() the objects that exist: "
+            "full collections no longer scan them (milliseconds of GIL per collection)."),
     Setting("prometheus_rank_offset", ev.OTELGPU_PROMETHEUS_RANK_OFFSET, None, _bool,
             "true or false",
             "Pull endpoint on prometheus_port + LOCAL_RANK (one port per rank of a node)."),

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from fixtures.otel import InMemoryOtel
+from fixtures.otel import InMemoryOtel, attributes_of, span_times
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
@@ -73,7 +73,8 @@ def test_a_long_step_and_request_finish_on_the_background_thread(app: InMemoryOt
     step, request = _spans(app)
     assert step.name == catalog.STEP_SPAN and request.name == "chat m"
     # The span's times are the block's, whenever it finished.
-    assert step.end_time - step.start_time == pytest.approx(s.duration_s * 1e9, abs=2_000)
+    start, end = span_times(step)
+    assert end - start == pytest.approx(s.duration_s * 1e9, abs=2_000)
     assert step.attributes is not None and step.attributes["otelgpu.train.tokens"] == 64
     assert request.attributes is not None
     assert request.attributes["gen_ai.usage.output_tokens"] == 4
@@ -128,7 +129,7 @@ def test_a_full_queue_finishes_the_rest_at_once_and_loses_none(app: InMemoryOtel
     runtime.force_flush()
     spans = _spans(app)
     assert len(spans) == 5
-    numbers = sorted(s.attributes["otelgpu.train.step"] for s in spans)  # type: ignore[index]
+    numbers = sorted(attributes_of(s)["otelgpu.train.step"] for s in spans)
     assert numbers == [1, 2, 3, 4, 5]
     assert runtime.step_duration.merged().count == 5
     assert runtime.stats.dropped() == {}
@@ -144,7 +145,7 @@ def test_the_attributes_are_the_blocks_not_a_later_mutation(app: InMemoryOtel) -
             time.sleep(LONG_S)
         attributes["run"] = "b"  # the caller reuses its dict before the finish ran
     runtime.force_flush()
-    assert [s.attributes["run"] for s in _spans(app)] == ["a", "a"]  # type: ignore[index]
+    assert [attributes_of(s)["run"] for s in _spans(app)] == ["a", "a"]
 
 
 def test_a_block_ending_after_shutdown_still_finishes(app: InMemoryOtel) -> None:

@@ -10,12 +10,10 @@ waiting for a CPU or for the GIL, so it is steadier on a shared machine than wal
 and it is what a step left on cold caches really costs: leaving a 20 ms step costs several
 times what the same exit costs in a tight loop.
 
-``--compare`` runs the blocks both ways in the same run, fresh processes alternating:
-finished on the host's thread (``HAND_OFF_MIN_NS`` raised past every block) and handed to
-the ``otelgpu-deferred`` thread (the default), and prints both rows. Diagnostic: not part
+Each run is a fresh process; ``--rounds`` runs, medians reported. Diagnostic: not part
 of CI (CI runs correctness tests, not timings).
 
-Run: ``.venv/bin/python benchmarks/bench_step_cpu.py --compare``
+Run: ``.venv/bin/python benchmarks/bench_step_cpu.py``
 (``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin).
 """
 
@@ -38,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT))  # this checkout's otelgpu
 
 
-def measure(kind: str, gpus: int, busy_s: float, blocks: int, at_once: bool) -> dict[str, Any]:
+def measure(kind: str, gpus: int, busy_s: float, blocks: int) -> dict[str, Any]:
     """One run in this process: per-block CPU figures (µs)."""
     import bench_export
 
@@ -46,10 +44,8 @@ def measure(kind: str, gpus: int, busy_s: float, blocks: int, at_once: bool) -> 
     receiver, grpc_port, http_port = bench_export.start_receiver(Path(tmp))
     try:
         import otelgpu
-        from otelgpu import _contexts, sim
+        from otelgpu import sim
 
-        if at_once:
-            _contexts.HAND_OFF_MIN_NS = 1 << 62  # every block finishes on this thread
         sim.activate("healthy-8xh100", clock="wall")
         handle = otelgpu.instrument(
             gpu=True,
@@ -132,22 +128,18 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--busy-ms", type=float, default=20.0)
     parser.add_argument("--blocks", type=int, default=400)
-    parser.add_argument("--compare", action="store_true")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating runs per mode")
-    parser.add_argument("--child", choices=["at-once", "handed-off"])
+    parser.add_argument("--rounds", type=int, default=3, help="runs (fresh processes)")
+    parser.add_argument("--child", action="store_true")
     args = parser.parse_args()
     if args.child:
-        data = measure(
-            args.kind, args.gpus, args.busy_ms / 1e3, args.blocks, args.child == "at-once"
-        )
-        print(json.dumps(data))
+        print(json.dumps(measure(args.kind, args.gpus, args.busy_ms / 1e3, args.blocks)))
         return 0
-    modes = ["at-once", "handed-off"] if args.compare else ["handed-off"]
+    modes = ["this checkout"]
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for _ in range(args.rounds):
         for mode in modes:
             out = subprocess.run(
-                [sys.executable, __file__, *sys.argv[1:], "--child", mode],
+                [sys.executable, __file__, *sys.argv[1:], "--child"],
                 capture_output=True,
                 text=True,
                 timeout=600,
@@ -160,10 +152,10 @@ def main() -> int:
     native = runs[modes[0]][0]["native"]
     print(
         f"{args.kind}, {args.gpus} GPU(s), {args.busy_ms:g} ms blocks, {args.blocks} blocks "
-        f"per run, {args.rounds} runs per mode, native: {native}; CPU µs per block "
+        f"per run, {args.rounds} runs, native: {native}; CPU µs per block "
         "(medians of the runs' medians; threads: the run's CPU / blocks, median run)"
     )
-    print("| finish | enter p50 | leave p50 | leave p90 | otelgpu threads per block |")
+    print("| code | enter p50 | leave p50 | leave p90 | otelgpu threads per block |")
     print("|---|---:|---:|---:|---|")
     for mode, done in runs.items():
         middle = sorted(done, key=lambda d: d["leave_p50"])[len(done) // 2]

@@ -10,7 +10,7 @@ body is recorded on the span and re-raised untouched.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -27,47 +27,6 @@ from otelgpu.runtime.records import (
 )
 
 # ========================================================================= span scope
-
-_Record = TypeVar("_Record", StepRecord, RequestRecord)
-
-#: Blocks at least this long (ns) finish on the background thread (:func:`_hand_off`).
-HAND_OFF_MIN_NS = 500_000
-
-
-def _hand_off(
-    runtime: Runtime,
-    finish: Callable[[trace.Span, _Record], None],
-    span: trace.Span,
-    record: _Record,
-    exc: BaseException | None,
-) -> None:
-    """``finish(span, record)`` on the runtime's ``otelgpu-deferred`` thread: the host's
-    thread only queues it (the GPU context, tail-keeping decision, attributes, metrics
-    and the span's encoding run there, a few at a time, handing the GIL back in slices).
-    :meth:`Runtime.force_flush` runs what waits.
-
-    Run here instead:
-
-    * when the block raised: the record holds the exception, whose traceback holds the
-      block's frames and their locals (tensors a caller catching an OOM wants freed
-      before it retries);
-    * when the block was shorter than ``HAND_OFF_MIN_NS``: a loop that fast would keep
-      the queue full, and a live span waiting in it survives young collections, is
-      promoted, and brings on full ones -- finishing at once, its span is encoded to
-      untracked bytes and freed straight away;
-    * when the queue is full or closed: a step or request is never lost to the hand-off.
-
-    Handed-off blocks finish in the order they ended; one finished here may finish (its
-    span end, its metrics) before earlier ones still waiting -- the span's times are the
-    block's either way.
-    """
-    if (
-        exc is None
-        and record.end_ns - record.start_ns >= HAND_OFF_MIN_NS
-        and runtime.deferred.offer(finish, span, record)
-    ):
-        return
-    finish(span, record)
 
 
 _Scope = TypeVar("_Scope", bound="_SpanScope")
@@ -159,9 +118,7 @@ class StepContext(_SpanScope):
 
     On exit: a span ``otelgpu.train.step`` (step number, duration, samples/tokens and
     their throughput, GPU context of exactly that window, health events as span events),
-    the duration into the ``otelgpu.train.step.duration`` sketch, and the counters -- made
-    on otelgpu's background thread for a block of 0.5 ms or more (the span's times are the
-    block's; ``force_flush()`` waits for them; see :func:`_hand_off`).
+    the duration into the ``otelgpu.train.step.duration`` sketch, and the counters.
     ``s.samples`` / ``s.tokens`` may be set inside the block (e.g. once the batch is known).
     Counts that are out of range (negative, NaN, infinite, over 2**53) are dropped and
     counted in ``otelgpu.internal.rejected``, never raised. ``flops``: model FLOPs of the
@@ -194,10 +151,7 @@ class StepContext(_SpanScope):
         return runtime.start_step_span(StepRecord(self._start_ns, self._start_ns))
 
     def _finish(self, runtime: Runtime, span: trace.Span, exc: BaseException | None) -> None:
-        attributes = self.attributes
-        _hand_off(
-            runtime,
-            runtime.finish_step,
+        runtime.finish_step(
             span,
             StepRecord(
                 self._start_ns,
@@ -205,11 +159,10 @@ class StepContext(_SpanScope):
                 step=self.step or 0,
                 samples=self.samples,
                 tokens=self.tokens,
-                attributes=dict(attributes) if attributes else attributes,
+                attributes=self.attributes,
                 failed=exc,
                 flops=self.flops,
             ),
-            exc,
         )
 
 
@@ -229,8 +182,7 @@ class RequestContext(_SpanScope):
     makes the outcome ``timeout``; anything else ``error`` with ``error.type=kind``).
     An exception leaving the block sets outcome ``error`` (``timeout`` for TimeoutError).
     On exit: a SERVER span ``{operation} {model}`` with TTFT, time per output token,
-    tokens, queue time, outcome and the GPU context; the ``gen_ai.server.*`` sketches --
-    made on otelgpu's background thread as for a step (:func:`_hand_off`).
+    tokens, queue time, outcome and the GPU context; the ``gen_ai.server.*`` sketches.
     ``provider`` is ``gen_ai.provider.name``: name the serving system (``vllm``, ``tgi``...);
     the default is the conventions' fallback ``_OTHER``. ``server_address``/``server_port``
     become ``server.address``/``server.port`` (span and metrics); ``r.response(id=…,
@@ -375,10 +327,7 @@ class RequestContext(_SpanScope):
         queue_time_s = self._queue_time_s
         if queue_time_s is None and self._scheduled_ns is not None:
             queue_time_s = (self._scheduled_ns - self._start_ns) / 1e9
-        attributes = self.attributes
-        _hand_off(
-            runtime,
-            runtime.finish_request,
+        runtime.finish_request(
             span,
             self._record(
                 self.end_ns or self._start_ns,
@@ -388,12 +337,11 @@ class RequestContext(_SpanScope):
                 queue_time_s=queue_time_s,
                 outcome=self._outcome,
                 error_type=self._error_type,
-                attributes=dict(attributes) if attributes else attributes,
+                attributes=self.attributes,
                 exception=exc,
                 response_id=self._response_id,
                 response_model=self._response_model,
             ),
-            exc,
         )
 
 

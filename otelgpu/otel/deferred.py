@@ -8,9 +8,8 @@ well under a microsecond) and runs it on the ``otelgpu-deferred`` thread, which:
 * wakes every ``interval_s`` (or when ``batch`` items wait) and runs what is queued, in
   order, handing the GIL back (``otelgpu.otel.slicing.pause``) after every ``SLICE_S``
   of work, so the host's loop never waits long for it;
-* holds at most ``limit`` items; beyond that :meth:`submit` drops the newest and counts
-  them (``otelgpu.internal.dropped``, signal ``traces``, reason ``deferred_queue_full``)
-  and :meth:`offer` says no, for a caller that then does the work itself;
+* holds at most ``limit`` items; beyond that the newest are dropped and counted
+  (``otelgpu.internal.dropped``, signal ``traces``, reason ``deferred_queue_full``);
 * never lets an exception out (reported once per place, counted);
 * :meth:`drain` runs everything queued now, on the calling thread (flush, shutdown);
 * a forked child starts empty, with no thread (started again on first use).
@@ -49,8 +48,6 @@ class DeferredWork:
         self._limit = limit
         self._interval_s = interval_s
         self._batch = batch
-        #: How many items :meth:`offer` lets wait (:meth:`submit`: ``limit``).
-        self.offer_limit = min(limit, 4 * batch)
         self._queue: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = (
             collections.deque()
         )
@@ -63,33 +60,22 @@ class DeferredWork:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` (hot path: an append). Never raises."""
-        if not self._put(fn, args, self._limit) and not self._stopped:
-            self._stats.add_dropped("traces", "deferred_queue_full")
-
-    def offer(self, fn: Callable[..., Any], *args: Any) -> bool:
-        """Queue ``fn(*args)`` unless stopped or ``offer_limit`` items wait: ``False``
-        then, nothing queued or counted (for work that must not be lost -- the caller runs
-        it itself, which also paces a caller that produces faster than this thread
-        drains). Never raises."""
-        return self._put(fn, args, self.offer_limit)
-
-    def _put(self, fn: Callable[..., Any], args: tuple[Any, ...], limit: int) -> bool:
         if self._stopped:
-            return False
+            return
         if self._thread is None or self._pid != os.getpid():
             self._start()  # first: a forked child's start empties the parent's queue
         queue = self._queue
-        if len(queue) >= limit:
-            return False
+        if len(queue) >= self._limit:
+            self._stats.add_dropped("traces", "deferred_queue_full")
+            return
         queue.append((fn, args))
         if len(queue) >= self._batch:
             self._wake.set()
-        return True
 
     def _start(self) -> None:
         if self._pid != os.getpid():  # a forked child: nothing of the parent's runs here
             self._start_lock = threading.Lock()  # a parent's thread may have held it
-        with self._start_lock:  # two first offers at once start one thread
+        with self._start_lock:  # two first submits at once start one thread
             if self._thread is not None and self._pid == os.getpid():
                 return
             if self._pid != os.getpid():

@@ -4,7 +4,7 @@ monotonic, and the local counter never raises."""
 from __future__ import annotations
 
 import pytest
-from fixtures.otel import InMemoryOtel, settle_handed_off
+from fixtures.otel import InMemoryOtel
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
@@ -30,7 +30,6 @@ def review_app(otel_app: InMemoryOtel) -> InMemoryOtel:
 def _errors() -> dict[str, int]:
     runtime = _runtime.current()
     assert runtime is not None
-    settle_handed_off()
     return runtime.stats.errors()
 
 
@@ -47,7 +46,7 @@ def test_pipeline_request_token_counts_never_raise(review_app: _App, bad: object
         r.tokens(3)
     assert r.output_tokens == 5
     assert r.outcome == "ok"
-    (span,) = review_app.finished()
+    (span,) = review_app.spans.get_finished_spans()
     assert span.attributes is not None
     assert span.attributes["gen_ai.usage.output_tokens"] == 5
     assert "gen_ai.usage.input_tokens" not in span.attributes

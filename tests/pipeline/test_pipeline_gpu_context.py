@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.otel import python_env, run_python, settle_handed_off
+from fixtures.otel import python_env, run_python
 from fixtures.otlp_receiver import (
     OtlpReceiver,
     attributes,
@@ -151,7 +151,6 @@ def test_health_event_seen_by_a_span_is_logged_before_any_collection(
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline and not caplog.records:
                 time.sleep(0.01)
-        settle_handed_off()  # the 0.1 s step finishes on otelgpu's background thread
         (span,) = exporter.get_finished_spans()
         assert [e.name for e in span.events] == ["otelgpu.gpu.ecc_uncorrected"]
         (record,) = [r for r in caplog.records if r.name == "otelgpu.health"]

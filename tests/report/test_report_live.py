@@ -49,13 +49,7 @@ def test_live_socket_is_owner_only_and_serves_snapshots(tmp_path: Path) -> None:
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         assert stat.S_IMODE(live_dir.stat().st_mode) == 0o700
         steps_then_request(5, 0.01, samples=8)
-        # The 10 ms steps finish on otelgpu's background thread (every 50 ms): the
-        # snapshot shows them once it ran, with no flush from the application.
-        deadline = time.monotonic() + 10
         doc = protocol.fetch(sock)
-        while (doc.get("train") or {}).get("steps") != 5 and time.monotonic() < deadline:
-            time.sleep(0.02)
-            doc = protocol.fetch(sock)
         assert doc["protocol"] == "otelgpu.live/1" and doc["pid"] == os.getpid()
         assert doc["train"]["steps"] == 5
         assert 0.009 < doc["train"]["step_time_s"]["p50"] < 0.05

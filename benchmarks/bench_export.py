@@ -299,12 +299,31 @@ def worker(
 
 
 # ----------------------------------------------------------------------------- pauses
+def instrument_as_pause_rows(gpus: int, exporter: str, ports: tuple[int, int], tmp: str) -> Any:
+    """``otelgpu.instrument()`` as the pause rows run it (``gpus`` simulated GPUs of
+    ``healthy-8xh100`` on the wall clock, 1 s metric exports, 0.5 s span schedule), a few
+    samples taken; returns the handle."""
+    import otelgpu
+    from otelgpu import sim
+
+    sim.activate("healthy-8xh100", clock="wall")
+    handle = otelgpu.instrument(
+        gpu=True,
+        devices="0" if gpus == 1 else None,
+        frameworks="none",
+        metric_export_interval_ms=1000,
+        span_schedule_delay_ms=500,
+        **_exporter_settings(exporter, ports, tmp),
+    )
+    time.sleep(0.3)
+    return handle
+
+
 def pause_worker(
     scenario: str, exporter: str, ports: tuple[int, int], tmp: str, steps: int
 ) -> dict[str, Any]:
     """Step wall times and longest in-step gaps (µs) for one pause scenario."""
     import otelgpu
-    from otelgpu import sim
 
     bare = scenario.startswith("bare")
     plain = scenario.startswith("plain")
@@ -325,16 +344,7 @@ def pause_worker(
             return tracer.start_as_current_span("step", attributes=attrs)
 
     elif not bare:
-        sim.activate("healthy-8xh100", clock="wall")
-        handle = otelgpu.instrument(
-            gpu=True,
-            devices="0" if gpus == 1 else None,
-            frameworks="none",
-            metric_export_interval_ms=1000,
-            span_schedule_delay_ms=500,
-            **_exporter_settings(exporter, ports, tmp),
-        )
-        time.sleep(0.3)
+        handle = instrument_as_pause_rows(gpus, exporter, ports, tmp)
     clock = time.perf_counter
     walls = []
     gaps = []

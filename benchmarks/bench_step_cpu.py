@@ -44,18 +44,10 @@ def measure(kind: str, gpus: int, busy_s: float, blocks: int) -> dict[str, Any]:
     receiver, grpc_port, http_port = bench_export.start_receiver(Path(tmp))
     try:
         import otelgpu
-        from otelgpu import sim
 
-        sim.activate("healthy-8xh100", clock="wall")
-        handle = otelgpu.instrument(
-            gpu=True,
-            devices="0" if gpus == 1 else None,
-            frameworks="none",
-            metric_export_interval_ms=1000,
-            span_schedule_delay_ms=500,
-            **bench_export._exporter_settings("otlp-grpc", (grpc_port, http_port), tmp),
+        handle = bench_export.instrument_as_pause_rows(
+            gpus, "otlp-grpc", (grpc_port, http_port), tmp
         )
-        time.sleep(0.3)
         cpu, clock = time.thread_time_ns, time.perf_counter
         enter: list[int] = []
         leave: list[int] = []

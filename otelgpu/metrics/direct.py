@@ -40,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from opentelemetry.sdk.metrics import (
@@ -111,6 +111,45 @@ def _exported(attributes: Mapping[str, Any]) -> FixedAttributes:
     )
 
 
+def _sdk_number_point(
+    attributes: Mapping[str, Any], start: int | None, now: int, value: float | int
+) -> NumberDataPoint:
+    return NumberDataPoint(attributes, start, now, value)  # type: ignore[arg-type]
+
+
+def _fast_number_point(
+    attributes: Mapping[str, Any], start: int | None, now: int, value: float | int
+) -> NumberDataPoint:
+    """The SDK's frozen dataclass filled through its ``__dict__``: the same object as its
+    constructor makes (equal, same fields), at half the cost (a frozen dataclass sets
+    each field through ``object.__setattr__``); ~440 points per 8-GPU collection."""
+    point = _new(NumberDataPoint)
+    point.__dict__.update(
+        attributes=attributes,
+        start_time_unix_nano=start,
+        time_unix_nano=now,
+        value=value,
+        exemplars=[],
+    )
+    return point
+
+
+def _pick_number_point() -> Any:
+    """The fast builder where the SDK's point is the dataclass it is checked against."""
+    try:
+        names = tuple(f.name for f in fields(NumberDataPoint))
+        probe = _fast_number_point({"k": 1}, None, 2, 3.0)
+        same = probe == NumberDataPoint({"k": 1}, None, 2, 3.0)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - another SDK's data model: its constructor
+        return _sdk_number_point
+    expected = ("attributes", "start_time_unix_nano", "time_unix_nano", "value", "exemplars")
+    return _fast_number_point if names == expected and same else _sdk_number_point
+
+
+_new = object.__new__
+_number_point = _pick_number_point()
+
+
 class _Series:
     __slots__ = ("attributes", "previous", "start_ns", "value")
 
@@ -153,8 +192,13 @@ class _Stream:
     def metric(self, points: Sequence[Point], now: int) -> Metric | None:
         kind = self.spec.kind
         is_sum = kind is not Kind.OBSERVABLE_GAUGE
+        by_identity = self.by_identity
         for value, attributes in points:
-            series = self._series(attributes, now)
+            found = by_identity.get(id(attributes))  # _series' fast path, inlined
+            if found is not None and found[0] is attributes:
+                series = found[1]
+            else:
+                series = self._series(attributes, now)
             if is_sum and series.value is not None:
                 series.value += value
             else:
@@ -176,7 +220,7 @@ class _Stream:
                 value, series.previous = value - series.previous, value
             else:
                 start = series.start_ns
-            data_points.append(NumberDataPoint(series.attributes, start, now, value))  # type: ignore[arg-type]
+            data_points.append(_number_point(series.attributes, start, now, value))
         spec = self.spec
         data: Gauge | Sum
         if is_sum:

@@ -99,8 +99,13 @@ class GpuMetricsHandle:
         self._xid_counts: dict[tuple[str, int], int] = {}
         self._ecc_seen: dict[str, int] = {}
         self._devices = {d.uuid: d for d in sampler.devices}
-        self._gpm_windows: dict[str, WindowStats | None] = {}
+        self._gpm_windows: dict[str, WindowStats | None] | None = None
         self._gpm_ns = -_SNAPSHOT_TTL_NS
+        # This snapshot's live devices (None: to be listed) and the sampler's event count
+        # then; windows computed for it, by (uuid, start, end).
+        self._live: list[tuple[str, dict[str, Any], GpuSample]] | None = None
+        self._live_events = -1
+        self._windows: dict[tuple[str, int, int], WindowStats | None] = {}
         self._xid_cursor_ns = 0
         # (id of a device's attributes, key, value, type) -> that dict plus key=value;
         # device attribute dicts live as long as the handle, so their ids are stable.
@@ -212,26 +217,57 @@ class GpuMetricsHandle:
         return {**attrs, **extra}
 
     def _samples(self) -> list[tuple[str, dict[str, Any], GpuSample]]:
-        """(uuid, attributes, newest sample) of every device that is not lost."""
+        """(uuid, attributes, newest sample) of every device that is not lost.
+
+        One snapshot serves a whole collection (every instrument reads it): the newest
+        samples, and which devices are live, are read once per ``_SNAPSHOT_TTL_NS``. A
+        device lost meanwhile always publishes a ``device_lost`` event, so a change of
+        the sampler's event count drops it from the list at once."""
         now = self._sampler.now_ns()
+        events = self._sampler.event_count()
         with self._lock:
             if now - self._snapshot_ns > _SNAPSHOT_TTL_NS:
                 self._sampler.log_device_state()
                 self._snapshot = {u: self._sampler.latest(u) for u in self._attrs}
                 self._snapshot_ns = now
-            snapshot = dict(self._snapshot)
-        return [
-            (u, self._attrs[u], s)
-            for u, s in snapshot.items()
-            if s is not None and s.status != "lost" and not self._sampler.lost(u)
-        ]
+                self._live = None
+                self._windows = {}
+            live = self._live
+            if live is None or events != self._live_events:
+                live = self._live = [
+                    (u, self._attrs[u], s)
+                    for u, s in self._snapshot.items()
+                    if s is not None and s.status != "lost" and not self._sampler.lost(u)
+                ]
+                self._live_events = events
+        return live
 
-    def _interval(self, metric: str, uuid: str, now: int) -> int:
-        """Start of the interval since the previous collection of (metric, uuid)."""
+    def _since_previous(
+        self, metric: str, samples: list[tuple[str, dict[str, Any], GpuSample]]
+    ) -> list[tuple[str, dict[str, Any], WindowStats | None]]:
+        """``(uuid, attributes, window)`` of every live device over the time since the
+        previous collection of ``metric`` on it, up to this collection's snapshot.
+
+        Instruments collected together ask for the same intervals, so each device's
+        window is computed once per collection and shared (``_windows``)."""
+        out = []
         with self._lock:
-            start = self._since.get((metric, uuid), 0)
-            self._since[(metric, uuid)] = now + 1
-        return start
+            now = self._snapshot_ns
+            for uuid, attrs, _s in samples:
+                start = self._since.get((metric, uuid), 0)
+                # Collected again within one snapshot (another reader): up to now instead.
+                end = now if start <= now else self._sampler.now_ns()
+                self._since[(metric, uuid)] = end + 1
+                out.append((uuid, attrs, start, end))
+        result = []
+        for uuid, attrs, start, end in out:
+            key = (uuid, start, end)
+            if key in self._windows:
+                stats = self._windows[key]
+            else:
+                stats = self._windows[key] = self._sampler.window(uuid, start, end)
+            result.append((uuid, attrs, stats))
+        return result
 
     # ---- callbacks (generators of (value, attributes) points) ----------------
 
@@ -280,17 +316,16 @@ class GpuMetricsHandle:
         """GPM activities (percent in WindowStats) as fractions, averaged since the
         previous collection; one window per device and collection, shared by the GPM
         instruments."""
-        now = self._sampler.now_ns()
         samples = self._samples()
         with self._lock:
-            if now - self._gpm_ns > _SNAPSHOT_TTL_NS:
-                windows = {}
-                for uuid, _attrs, _s in samples:
-                    start = self._since.get(("gpm", uuid), 0)
-                    self._since[("gpm", uuid)] = now + 1
-                    windows[uuid] = self._sampler.window(uuid, start, now)
-                self._gpm_windows, self._gpm_ns = windows, now
-            windows = dict(self._gpm_windows)
+            if self._gpm_ns != self._snapshot_ns:  # the first GPM instrument of a collection
+                self._gpm_ns = self._snapshot_ns
+                self._gpm_windows = None
+            windows = self._gpm_windows
+        if windows is None:
+            windows = {u: w for u, _a, w in self._since_previous("gpm", samples)}
+            with self._lock:
+                self._gpm_windows = windows
         for uuid, attrs, _s in samples:
             stats = windows.get(uuid)
             if stats is None:
@@ -345,19 +380,15 @@ class GpuMetricsHandle:
         return "ok"
 
     def _watermark(self) -> Iterable[Point]:
-        now = self._sampler.now_ns()
-        for uuid, attrs, _s in self._samples():
-            start = self._interval(N.MEMORY_WATERMARK.name, uuid, now)
-            stats = self._sampler.window(uuid, start, now)
+        for _uuid, attrs, stats in self._since_previous(N.MEMORY_WATERMARK.name, self._samples()):
             if stats is not None and stats.memory_used_peak_bytes is not None:
                 yield (stats.memory_used_peak_bytes, attrs)
 
     def _throttle_fraction(self) -> Iterable[Point]:
-        now = self._sampler.now_ns()
         key = "otelgpu.gpu.throttle.reason"
-        for uuid, attrs, s in self._samples():
-            start = self._interval(N.THROTTLE_FRACTION.name, uuid, now)
-            stats = self._sampler.window(uuid, start, now)
+        samples = self._samples()
+        windows = self._since_previous(N.THROTTLE_FRACTION.name, samples)
+        for (uuid, attrs, s), (_u, _a, stats) in zip(samples, windows, strict=True):
             if stats is not None and stats.throttled_fraction is not None:
                 yield (stats.throttled_fraction, self._with(attrs, key, "any"))
             with self._lock:

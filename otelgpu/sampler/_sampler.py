@@ -539,6 +539,8 @@ class BaseGpuSampler:
         for i, uuid in enumerate(self._uuids):
             _caps, _disabled, lost, _t, code, _errors, _last = self._core.device_state(i)
             disabled = self._core.take_disabled(i)
+            if not disabled and not lost:  # the usual case, every collection: nothing to log
+                continue
             names = [n for n in F.field_names(disabled) if (uuid, n) not in self._logged]
             if names:
                 self._logged.update((uuid, n) for n in names)

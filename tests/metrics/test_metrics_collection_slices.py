@@ -206,12 +206,41 @@ def test_pause_waits_only_for_a_runnable_host_that_did_not_run(
     worker.start()
     worker.join()
     elapsed = time.perf_counter() - t0
-    assert all(s == slicing.YIELD_S for s in sleeps)
+    # The first sleep has its random extra (module docstring), the others are YIELD_S.
+    assert slicing.YIELD_S <= sleeps[0] <= slicing.YIELD_S + slicing.JITTER_S
+    assert all(s == slicing.YIELD_S for s in sleeps[1:])
     if waits:
         assert len(sleeps) > 1
         assert elapsed < 10  # bounded: it stopped at its deadline (MAX_WAIT_S)
     else:
         assert len(sleeps) == 1
+
+
+def test_background_hand_backs_start_at_random_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background thread's hand-backs sleep ``YIELD_S`` plus a random extra up to
+    ``JITTER_S``, so its slices do not phase-lock with a host running in a regular rhythm;
+    the main thread's own pauses (e.g. a flush it runs) stay one plain ``YIELD_S``."""
+    sleeps: list[float] = []
+    monkeypatch.setattr(slicing, "_current_host", lambda: _FakeHost(runnable=False, ran=False))
+    monkeypatch.setattr(slicing, "_sleep", sleeps.append)
+
+    def many() -> None:
+        for _ in range(200):
+            slicing.pause()
+
+    worker = threading.Thread(target=many)
+    worker.start()
+    worker.join()
+    assert len(sleeps) == 200
+    assert all(slicing.YIELD_S <= s <= slicing.YIELD_S + slicing.JITTER_S for s in sleeps)
+    extras = sorted(s - slicing.YIELD_S for s in sleeps)
+    # Spread over the range (uniform: each quarter holds ~50 of 200).
+    for k in range(4):
+        lo, hi = k * slicing.JITTER_S / 4, (k + 1) * slicing.JITTER_S / 4
+        assert 15 <= sum(lo <= e < hi for e in extras) <= 90
+    sleeps.clear()
+    slicing.pause()  # on the main thread
+    assert sleeps == [slicing.YIELD_S]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")

@@ -189,6 +189,66 @@ def test_memory_watermark_catches_the_peak_between_exports(
         sampler.close()
 
 
+def test_one_window_per_device_per_collection(
+    sim_gpu: sim.SimGpu,
+    sampler: BaseGpuSampler,
+    reader: Reader,
+    collect: Collect,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watermark, the throttle fraction and the GPM activities cover the same interval
+    (since the previous collection): each device's window is computed once for all."""
+    rd, _provider = reader
+    register_gpu(reader, sampler)
+    asked: list[tuple[str, int, int]] = []
+    window = sampler.window
+
+    def counted(uuid: str, start_ns: int, end_ns: int) -> Any:
+        asked.append((uuid, start_ns, end_ns))
+        return window(uuid, start_ns, end_ns)
+
+    monkeypatch.setattr(sampler, "window", counted)
+    for _ in range(3):
+        sampler.sample_once()
+        time.sleep(0.03)  # a new snapshot per collection
+        got = collect(rd)
+        uuids = [d.uuid for d in sampler.devices]
+        assert sorted(u for u, _s, _e in asked) == sorted(uuids)
+        for u in uuids:
+            assert len(_by_device(got["otelgpu.gpu.memory.watermark"][1], u)) == 1
+            assert _by_device(
+                got["otelgpu.gpu.throttle.fraction"][1], u, **{"otelgpu.gpu.throttle.reason": "any"}
+            ) == [0.0]
+        asked.clear()
+
+
+def test_a_gpu_lost_within_one_snapshot_drops_out_at_once(
+    sim_gpu: sim.SimGpu,
+    sampler: BaseGpuSampler,
+    reader: Reader,
+    collect: Collect,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A collection reuses the newest samples read for the previous one while they are
+    fresh; a device lost in between still stops reporting at once."""
+    from otelgpu.metrics import gpu as gpu_metrics
+
+    monkeypatch.setattr(gpu_metrics, "_SNAPSHOT_TTL_NS", 3_600 * 10**9)  # one snapshot
+    rd, _provider = reader
+    register_gpu(reader, sampler)
+    good, bad = (d.uuid for d in sampler.devices)
+    sampler.sample_once()
+    before = collect(rd)
+    assert len(_by_device(before["hw.power"][1], bad)) == 1
+    sim_gpu.inject("gpu_lost", gpu=1)
+    sampler.sample_once()
+    assert sampler.lost(bad)
+    got = collect(rd)
+    assert _by_device(got["hw.power"][1], bad) == []
+    assert len(_by_device(got["hw.power"][1], good)) == 1
+    assert _by_device(got["hw.status"][1], bad, **{"hw.state": "failed"}) == [1]
+
+
 def test_xid_counts_and_lost_gpu(
     sim_gpu: sim.SimGpu, sampler: BaseGpuSampler, reader: Reader, collect: Collect
 ) -> None:

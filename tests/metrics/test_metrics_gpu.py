@@ -208,9 +208,15 @@ def test_one_window_per_device_per_collection(
         return window(uuid, start_ns, end_ns)
 
     monkeypatch.setattr(sampler, "window", counted)
+    # The sampler's clock stands still during each collection (however slow a loaded
+    # machine makes it) and moves past the snapshot's lifetime between two.
+    real_now = sampler.now_ns
+    frozen = [real_now()]
+    monkeypatch.setattr(sampler, "now_ns", lambda: frozen[0])
     for _ in range(3):
         sampler.sample_once()
-        time.sleep(0.03)  # a new snapshot per collection
+        time.sleep(0.03)
+        frozen[0] = real_now()
         got = collect(rd)
         uuids = [d.uuid for d in sampler.devices]
         assert sorted(u for u, _s, _e in asked) == sorted(uuids)

@@ -47,7 +47,13 @@ from otelgpu.nvml import NvmlUnavailableError, pynvml_init
 from otelgpu.otel import slicing
 from otelgpu.sampler import _fields as F
 from otelgpu.sampler import _window_py as W
-from otelgpu.sampler._nvml_requests import FieldRequest, GpmRequest
+from otelgpu.sampler._nvml_requests import (
+    DeviceReads,
+    FieldRequest,
+    GpmRequest,
+    PublicReads,
+    device_reads,
+)
 from otelgpu.sampler._records import (
     NGPM,
     RAW_SAMPLE_FIELDS,
@@ -67,16 +73,31 @@ _ZERO_THROTTLE = (0,) * len(F.THROTTLE_COUNTERS)
 
 # Where each FIELD_TABLE value goes in a sample: (kind, key or index), kinds below.
 _SLOT_VALUE, _SLOT_KIB, _SLOT_THROTTLE, _SLOT_REMAP = range(4)
+#: Position of each RawSample field: a sample is filled in a list in RawSample's order
+#: (``_Sample.values``), each field written only when its read succeeded.
+_I = {name: i for i, name in enumerate(RawSample._fields)}
+_I_GPU_UTIL, _I_MEM_UTIL = _I["gpu_util"], _I["mem_util"]
+_I_MEM_USED, _I_MEM_TOTAL, _I_MEM_RESERVED = _I["mem_used"], _I["mem_total"], _I["mem_reserved"]
+_I_POWER, _I_TEMP = _I["power_mw"], _I["temperature_c"]
+_I_SM_CLOCK, _I_MEM_CLOCK, _I_REASONS = _I["sm_clock_mhz"], _I["mem_clock_mhz"], _I["reasons"]
+_I_FAN, _I_PSTATE, _I_ENC, _I_DEC = _I["fan_pct"], _I["pstate"], _I["enc_util"], _I["dec_util"]
+_I_THROTTLE, _I_REMAP = _I["throttle_ns"], _I["remap"]
+_I_GPM_VALID, _I_GPM_DT, _I_GPM = _I["gpm_valid"], _I["gpm_dt_ns"], _I["gpm"]
+#: A sample with nothing read: zeros, and the zero tuples.
+_EMPTY_VALUES: list[Any] = [0] * len(RawSample._fields)
+_EMPTY_VALUES[_I_THROTTLE], _EMPTY_VALUES[_I_REMAP] = _ZERO_THROTTLE, ZERO_REMAP
+_EMPTY_VALUES[_I_GPM] = ZERO_GPM
+
 _FIELD_KEYS = {
-    F.F_ENERGY: (_SLOT_VALUE, "energy_mj"),
-    F.F_ECC_CORR: (_SLOT_VALUE, "ecc_corr"),
-    F.F_ECC_UNCORR: (_SLOT_VALUE, "ecc_uncorr"),
-    F.F_PCIE_TX: (_SLOT_VALUE, "pcie_tx"),
-    F.F_PCIE_RX: (_SLOT_VALUE, "pcie_rx"),
-    F.F_NVLINK_TX: (_SLOT_KIB, "nvlink_tx"),  # NVML counts NVLink traffic in KiB
-    F.F_NVLINK_RX: (_SLOT_KIB, "nvlink_rx"),
-    F.F_MEM_TEMP: (_SLOT_VALUE, "mem_temp_c"),
-    F.F_PCIE_REPLAY: (_SLOT_VALUE, "pcie_replay"),
+    F.F_ENERGY: (_SLOT_VALUE, _I["energy_mj"]),
+    F.F_ECC_CORR: (_SLOT_VALUE, _I["ecc_corr"]),
+    F.F_ECC_UNCORR: (_SLOT_VALUE, _I["ecc_uncorr"]),
+    F.F_PCIE_TX: (_SLOT_VALUE, _I["pcie_tx"]),
+    F.F_PCIE_RX: (_SLOT_VALUE, _I["pcie_rx"]),
+    F.F_NVLINK_TX: (_SLOT_KIB, _I["nvlink_tx"]),  # NVML counts NVLink traffic in KiB
+    F.F_NVLINK_RX: (_SLOT_KIB, _I["nvlink_rx"]),
+    F.F_MEM_TEMP: (_SLOT_VALUE, _I["mem_temp_c"]),
+    F.F_PCIE_REPLAY: (_SLOT_VALUE, _I["pcie_replay"]),
 }
 
 
@@ -88,6 +109,8 @@ def _field_slot(fid: int, bit: int) -> tuple[int, Any]:
     return (_SLOT_THROTTLE, (bit // F.F_THR0).bit_length() - 1)
 
 
+#: (caps, (bit, slot kind, slot) per field read, the fields' (id, scope) pairs).
+_FieldPlan = tuple[int, list[tuple[int, int, Any]], tuple[tuple[int, int], ...]]
 _FIELD_SLOTS = tuple((row, _field_slot(row[0], row[2])) for row in F.FIELD_TABLE)
 #: Most XID events taken from the event set per sampling round.
 _XID_DRAIN_MAX = 64
@@ -107,6 +130,7 @@ class _Device:
         "gpm_cur",
         "gpm_have_prev",
         "gpm_mg",
+        "gpm_plan",
         "gpm_prev_t",
         "gpm_request",
         "gpm_sample",
@@ -121,6 +145,7 @@ class _Device:
         "off_code",
         "prev_ecc_uncorr",
         "prev_throttle",
+        "reads",
         "ring",
         "uuid",
     )
@@ -154,15 +179,19 @@ class _Device:
         self.gpm_have_prev = False
         self.gpm_prev_t = 0
         self.gpm_caps = F.GPM_ALL
+        # (gpm_caps, positions of the metrics on, their GPM ids), rebuilt when those change
+        self.gpm_plan: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
         # Reusable NVML requests (_nvml_requests), built at first use; the field plan is
-        # (caps, FIELD_TABLE rows still on with their slots, their (id, scope) pairs).
-        self.field_plan: tuple[int, list[Any], list[tuple[int, int]]] | None = None
+        # (caps, (bit, slot kind, slot) of each FIELD_TABLE row still on, their (id, scope)).
+        self.field_plan: _FieldPlan | None = None
         self.field_request: FieldRequest | None = None
         self.gpm_request: GpmRequest | None = None
+        self.reads: DeviceReads | PublicReads | None = None  # bound to ``handle``
 
 
 class _Sample:
-    """Mutable scratch record filled by one device read."""
+    """Mutable scratch record filled by one device read: ``values`` in RawSample's order,
+    a field written only when its read succeeded (its ``valid`` bit set)."""
 
     __slots__ = ("nerrors", "status", "valid", "values")
 
@@ -170,7 +199,7 @@ class _Sample:
         self.valid = 0
         self.status = F.STATUS_OK
         self.nerrors = 0
-        self.values: dict[str, Any] = {}
+        self.values: list[Any] = _EMPTY_VALUES.copy()
 
 
 class PyCore:
@@ -370,81 +399,75 @@ class PyCore:
             d.errors += 1
             d.last_error = code
 
-    def _read(self, d: _Device, s: _Sample, bits: int, fn: Any, *args: Any) -> Any:
-        """Call one pynvml function for the fields in ``bits``; None when it failed."""
+    def _read(self, d: _Device, s: _Sample, bits: int, read: Any) -> Any:
+        """One bound read (``_nvml_requests.DeviceReads``) for the fields in ``bits``; its
+        value, or None when it failed or was not made."""
         if not d.caps & bits or s.status == F.STATUS_LOST:
             return None
-        nv = self._nvml
-        try:
-            value = fn(d.handle, *args)
-        except nv.NVMLError as exc:
-            self._check(d, s, bits, int(exc.value))
-            return None
-        except AttributeError:  # pynvml without this function
-            self._check(d, s, bits, 13)
+        code, value = read()
+        if code:
+            self._check(d, s, bits, code)
             return None
         s.valid |= bits
         return value
 
     def _sample_device(self, d: _Device, t_ns: int, probing: bool = False) -> _Sample:
-        nv = self._nvml
         s = _Sample()
         v = s.values
-        util = self._read(d, s, F.F_UTIL, nv.nvmlDeviceGetUtilizationRates)
+        r = d.reads
+        if r is None or r.handle is not d.handle:
+            r = d.reads = device_reads(self._nvml, d.handle)
+        util = self._read(d, s, F.F_UTIL, r.utilization)
         if util is not None:
-            v["gpu_util"], v["mem_util"] = int(util.gpu), int(util.memory)
-        self._read_memory(d, s)
-        v["power_mw"] = self._read(d, s, F.F_POWER, nv.nvmlDeviceGetPowerUsage)
-        v["temperature_c"] = self._read(d, s, F.F_TEMP, nv.nvmlDeviceGetTemperature, 0)
-        v["sm_clock_mhz"] = self._read(d, s, F.F_SM_CLOCK, nv.nvmlDeviceGetClockInfo, 1)
-        v["mem_clock_mhz"] = self._read(d, s, F.F_MEM_CLOCK, nv.nvmlDeviceGetClockInfo, 2)
-        reasons_fn = getattr(
-            nv,
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None),
-        )
-        v["reasons"] = self._read(d, s, F.F_REASONS, reasons_fn)
+            v[_I_GPU_UTIL], v[_I_MEM_UTIL] = util
+        self._read_memory(d, s, r)
+        for bit, index, read in (
+            (F.F_POWER, _I_POWER, r.power),
+            (F.F_TEMP, _I_TEMP, r.temperature),
+            (F.F_SM_CLOCK, _I_SM_CLOCK, r.sm_clock),
+            (F.F_MEM_CLOCK, _I_MEM_CLOCK, r.mem_clock),
+            (F.F_REASONS, _I_REASONS, r.reasons),
+        ):
+            value = self._read(d, s, bit, read)
+            if value is not None:
+                v[index] = value
         self._read_fields(d, s)
-        v["fan_pct"] = self._read(d, s, F.F_FAN, nv.nvmlDeviceGetFanSpeed)
-        v["pstate"] = self._read(d, s, F.F_PSTATE, nv.nvmlDeviceGetPerformanceState)
-        enc = self._read(d, s, F.F_ENC, nv.nvmlDeviceGetEncoderUtilization)
-        if enc is not None:
-            v["enc_util"] = int(enc[0])
-        dec = self._read(d, s, F.F_DEC, nv.nvmlDeviceGetDecoderUtilization)
-        if dec is not None:
-            v["dec_util"] = int(dec[0])
+        for bit, index, read in (
+            (F.F_FAN, _I_FAN, r.fan),
+            (F.F_PSTATE, _I_PSTATE, r.pstate),
+            (F.F_ENC, _I_ENC, r.encoder),
+            (F.F_DEC, _I_DEC, r.decoder),
+        ):
+            value = self._read(d, s, bit, read)
+            if value is not None:
+                v[index] = value
         if d.caps & F.F_GPM and s.status != F.STATUS_LOST:
             self._read_gpm(d, s, t_ns, probing)
         if s.status != F.STATUS_LOST and s.nerrors > 0:
             s.status = F.STATUS_FIELD_ERRORS
         return s
 
-    def _read_memory(self, d: _Device, s: _Sample) -> None:
+    def _read_memory(self, d: _Device, s: _Sample, r: Any) -> None:
         """Memory v2 (used excludes reserved, as nvidia-smi shows) where the driver has
         it, else v1 (used includes reserved) and no reserved field."""
-        nv = self._nvml
         both = F.F_MEMORY | F.F_MEM_RESERVED
+        v = s.values
         if d.caps & both == both and s.status != F.STATUS_LOST:
-            try:
-                mem = nv.nvmlDeviceGetMemoryInfo(d.handle, version=nv.nvmlMemory_v2)
-            except nv.NVMLError as exc:
-                self._check(d, s, both, int(exc.value))
-                if not d.caps & F.F_MEM_RESERVED:  # v2 unsupported: v1 keeps memory on
-                    d.caps |= F.F_MEMORY
-                    d.disabled &= ~F.F_MEMORY
-                    d.off_code[1] = 0
-            except (AttributeError, TypeError):  # a pynvml without the v2 call
-                self._check(d, s, F.F_MEM_RESERVED, 13)
-            else:
+            code, mem = r.memory_v2()
+            if not code:
                 s.valid |= both
-                s.values["mem_used"], s.values["mem_total"] = int(mem.used), int(mem.total)
-                s.values["mem_reserved"] = int(mem.reserved)
+                v[_I_MEM_USED], v[_I_MEM_TOTAL], v[_I_MEM_RESERVED] = mem
                 return
+            self._check(d, s, both, code)
+            if not d.caps & F.F_MEM_RESERVED:  # v2 unsupported: v1 keeps memory on
+                d.caps |= F.F_MEMORY
+                d.disabled &= ~F.F_MEMORY
+                d.off_code[1] = 0
         if d.caps & F.F_MEM_RESERVED:
             return  # v2 failed for another reason: counted once, no v1 retry
-        mem = self._read(d, s, F.F_MEMORY, nv.nvmlDeviceGetMemoryInfo)
+        mem = self._read(d, s, F.F_MEMORY, r.memory_v1)
         if mem is not None:
-            s.values["mem_used"], s.values["mem_total"] = int(mem.used), int(mem.total)
+            v[_I_MEM_USED], v[_I_MEM_TOTAL] = mem
 
     def _read_gpm(self, d: _Device, s: _Sample, t_ns: int, probing: bool) -> None:
         """GPM as otg_sample_gpm: support check and two samples on first use (the probe
@@ -483,9 +506,13 @@ class PyCore:
 
     def _gpm_metrics(self, d: _Device, s: _Sample, t_ns: int) -> None:
         nv = self._nvml
-        idx = [k for k in range(NGPM) if d.gpm_caps & (1 << k)]
+        plan = d.gpm_plan
+        if plan is None or plan[0] != d.gpm_caps:  # the metrics still on changed
+            on = tuple(k for k in range(NGPM) if d.gpm_caps & (1 << k))
+            plan = d.gpm_plan = (d.gpm_caps, on, tuple(F.GPM_IDS[k] for k in on))
+        idx = plan[1]
         try:
-            got = self._gpm_get(d, idx)
+            got = self._gpm_get(d, plan[2])
         except nv.NVMLError as exc:
             self._check(d, s, F.F_GPM, int(exc.value))
             return
@@ -503,16 +530,16 @@ class PyCore:
                 d.last_error = code
         if valid:
             s.valid |= F.F_GPM
-            s.values["gpm"], s.values["gpm_valid"] = tuple(values), valid
-            s.values["gpm_dt_ns"] = t_ns - d.gpm_prev_t
+            v = s.values
+            v[_I_GPM], v[_I_GPM_VALID] = tuple(values), valid
+            v[_I_GPM_DT] = t_ns - d.gpm_prev_t
 
-    def _gpm_get(self, d: _Device, idx: list[int]) -> list[tuple[int, float]]:
-        """``(nvmlReturn, value)`` of the GPM metrics ``idx`` between the device's two
+    def _gpm_get(self, d: _Device, ids: tuple[int, ...]) -> list[tuple[int, float]]:
+        """``(nvmlReturn, value)`` of the GPM metrics ``ids`` between the device's two
         samples (the newer one ``gpm_cur``): its reusable request (``_nvml_requests``),
         rebuilt when the metric set changes; else the pynvml structure filled here."""
-        ids = tuple(F.GPM_IDS[k] for k in idx)
         req = d.gpm_request
-        if req is None or req.ids != ids:
+        if req is None or (req.ids is not ids and req.ids != ids):
             try:
                 req = d.gpm_request = GpmRequest(self._nvml, d.gpm_sample, ids)
             except (AttributeError, ValueError, TypeError):
@@ -531,8 +558,12 @@ class PyCore:
     def _read_fields(self, d: _Device, s: _Sample) -> None:
         plan = d.field_plan
         if plan is None or plan[0] != d.caps:  # the fields still on changed: a new plan
-            entries = [(row, slot) for row, slot in _FIELD_SLOTS if d.caps & row[2]]
-            plan = d.field_plan = (d.caps, entries, [(f, sc) for (f, sc, _), _ in entries])
+            rows = [(row, slot) for row, slot in _FIELD_SLOTS if d.caps & row[2]]
+            plan = d.field_plan = (
+                d.caps,
+                [(bit, kind, arg) for (_, _, bit), (kind, arg) in rows],
+                tuple((f, sc) for (f, sc, _), _ in rows),
+            )
         entries = plan[1]
         if not entries or s.status == F.STATUS_LOST:
             return
@@ -541,7 +572,7 @@ class PyCore:
             values = self._field_values(d, plan[2])
         except nv.NVMLError as exc:
             all_bits = 0
-            for (_, _, bit), _slot in entries:
+            for bit, _kind, _arg in entries:
                 all_bits |= bit
             self._check(d, s, all_bits, int(exc.value))
             return
@@ -549,8 +580,8 @@ class PyCore:
         remap = list(ZERO_REMAP)
         out = s.values
         valid = 0
-        for ((_fid, _scope, bit), (kind, arg)), (code, value) in zip(entries, values, strict=False):
-            if code != 0:
+        for (bit, kind, arg), (code, value) in zip(entries, values, strict=False):
+            if code:
                 self._check(d, s, bit, code)
                 continue
             valid |= bit
@@ -563,15 +594,17 @@ class PyCore:
             else:
                 remap[arg] = value
         s.valid |= valid
-        out["throttle_ns"] = tuple(throttle)
-        out["remap"] = tuple(remap)
+        out[_I_THROTTLE] = tuple(throttle)
+        out[_I_REMAP] = tuple(remap)
 
-    def _field_values(self, d: _Device, fields: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    def _field_values(
+        self, d: _Device, fields: tuple[tuple[int, int], ...]
+    ) -> list[tuple[int, int]]:
         """``(nvmlReturn, value)`` of each field: the device's reusable request
         (``_nvml_requests``), rebuilt when its field set changes; pynvml's public call
         where that request cannot be built (another pynvml layout)."""
         req = d.field_request
-        if req is None or req.fields != tuple(fields):
+        if req is None or (req.fields is not fields and req.fields != fields):
             try:
                 req = d.field_request = FieldRequest(self._nvml, fields)
             except (AttributeError, ValueError, TypeError):
@@ -584,31 +617,8 @@ class PyCore:
 
     def _raw(self, t_ns: int, s: _Sample) -> RawSample:
         v = s.values
-        valid = s.valid
-
-        def g(key: str, bit: int) -> int:
-            value = v.get(key)
-            return int(value) if valid & bit and value is not None else 0
-
-        gpm = valid & F.F_GPM
-        return RawSample(
-            t_ns, valid, s.status, s.nerrors,
-            g("gpu_util", F.F_UTIL), g("mem_util", F.F_UTIL),
-            g("mem_used", F.F_MEMORY), g("mem_total", F.F_MEMORY),
-            g("power_mw", F.F_POWER), g("temperature_c", F.F_TEMP), g("energy_mj", F.F_ENERGY),
-            g("sm_clock_mhz", F.F_SM_CLOCK), g("mem_clock_mhz", F.F_MEM_CLOCK),
-            g("reasons", F.F_REASONS), v.get("throttle_ns", _ZERO_THROTTLE),
-            g("pcie_tx", F.F_PCIE_TX), g("pcie_rx", F.F_PCIE_RX),
-            g("nvlink_tx", F.F_NVLINK_TX), g("nvlink_rx", F.F_NVLINK_RX),
-            g("ecc_corr", F.F_ECC_CORR), g("ecc_uncorr", F.F_ECC_UNCORR),
-            g("fan_pct", F.F_FAN), g("pstate", F.F_PSTATE),
-            g("mem_reserved", F.F_MEM_RESERVED), g("mem_temp_c", F.F_MEM_TEMP),
-            g("pcie_replay", F.F_PCIE_REPLAY),
-            v.get("remap", ZERO_REMAP) if valid & F.F_REMAP else ZERO_REMAP,
-            g("enc_util", F.F_ENC), g("dec_util", F.F_DEC),
-            v["gpm_valid"] if gpm else 0, v["gpm_dt_ns"] if gpm else 0,
-            v["gpm"] if gpm else ZERO_GPM,
-        )  # fmt: skip
+        v[0], v[1], v[2], v[3] = t_ns, s.valid, s.status, s.nerrors
+        return RawSample._make(v)
 
     # data_lock held for the three helpers below.
     def _push_event(self, t: int, dev: int, kind: int, code: int, detail: int) -> None:

@@ -14,7 +14,13 @@ from otelgpu import sim
 from otelgpu.sampler import PyGpuSampler
 from otelgpu.sampler import _core_py as core_py
 from otelgpu.sampler import _fields as F
-from otelgpu.sampler._nvml_requests import FieldRequest, GpmRequest, decode_field
+from otelgpu.sampler._nvml_requests import (
+    DeviceReads,
+    FieldRequest,
+    GpmRequest,
+    PublicReads,
+    decode_field,
+)
 
 VALUES: dict[int, tuple[str, list[Any]]] = {
     0: ("dVal", [0.0, 1.5, 12345.99, -3.0, 2.0**40]),
@@ -95,6 +101,9 @@ def test_pure_core_samples_the_same_without_its_reusable_requests(
     def unavailable(*_args: Any) -> Any:
         raise ValueError("unexpected layout")
 
+    def public_reads(nv: Any, handle: Any) -> PublicReads:
+        return PublicReads(nv, handle)
+
     try:
         for _ in range(4):
             sim_gpu.advance(0.25)
@@ -103,11 +112,14 @@ def test_pure_core_samples_the_same_without_its_reusable_requests(
             with monkeypatch.context() as m:
                 m.setattr(core_py, "FieldRequest", unavailable)
                 m.setattr(core_py, "GpmRequest", unavailable)
+                m.setattr(core_py, "device_reads", public_reads)
                 slow.sample_once(timestamp_ns=t)
         fast_core: Any = fast._core
         slow_core: Any = slow._core
         assert fast_core._dev[0].field_request is not None
         assert slow_core._dev[0].field_request is None
+        assert type(fast_core._dev[0].reads) is DeviceReads
+        assert type(slow_core._dev[0].reads) is PublicReads
         for device in fast.devices:
             a, b = fast.latest(device.uuid), slow.latest(device.uuid)
             assert a is not None and a == b
@@ -136,3 +148,54 @@ def test_field_value_layout_is_checked() -> None:
 
     with pytest.raises(ValueError, match="layout"):
         FieldRequest(OddNvml, [(83, 0)])
+
+
+class _NvmlWithout:
+    """pynvml as a library without the symbols ``missing`` would look."""
+
+    def __init__(self, missing: set[str]) -> None:
+        self._missing = missing
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(pynvml, name)
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        if name in self._missing:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return pynvml._nvmlGetFunctionPointer(name)
+
+
+def test_device_reads_read_what_pynvml_reads(sim_gpu: sim.SimGpu, nvml: Any) -> None:
+    reads, public = DeviceReads(pynvml, nvml), PublicReads(pynvml, nvml)
+    names = [
+        "utilization", "memory_v2", "memory_v1", "power", "temperature", "sm_clock",
+        "mem_clock", "reasons", "fan", "pstate", "encoder", "decoder",
+    ]  # fmt: skip
+    for _ in range(3):
+        sim_gpu.advance(3.0)
+        got = {n: getattr(reads, n)() for n in names}
+        expected = {n: getattr(public, n)() for n in names}
+        assert {n: code for n, (code, _) in got.items()} == {
+            n: code for n, (code, _) in expected.items()
+        }
+        assert {n: v for n, (code, v) in got.items() if not code} == {
+            n: v for n, (code, v) in expected.items() if not code
+        }
+    assert got["power"][1] > 0 and got["memory_v2"][1][1] > 0 and got["sm_clock"][1] > 0
+
+
+def test_device_reads_look_symbols_up_as_the_native_core(sim_gpu: sim.SimGpu, nvml: Any) -> None:
+    """A library without the clock event reasons reads the older throttle reasons (as
+    ``otg_nvml.h``); a symbol missing altogether reads as FUNCTION_NOT_FOUND, which the
+    core's field rules switch off like a NOT_SUPPORTED answer."""
+    old = DeviceReads(_NvmlWithout({"nvmlDeviceGetCurrentClocksEventReasons"}), nvml)
+    new = DeviceReads(pynvml, nvml)
+    assert old.reasons()[0] == 0 and old.reasons() == new.reasons()
+    none = DeviceReads(
+        _NvmlWithout(
+            {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"}
+        ),
+        nvml,
+    )
+    assert none.reasons()[0] == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert pynvml.NVML_ERROR_FUNCTION_NOT_FOUND in F.NOT_SUPPORTED_CODES

@@ -421,31 +421,44 @@ class PyCore:
         if util is not None:
             v[_I_GPU_UTIL], v[_I_MEM_UTIL] = util
         self._read_memory(d, s, r)
-        for bit, index, read in (
-            (F.F_POWER, _I_POWER, r.power),
-            (F.F_TEMP, _I_TEMP, r.temperature),
-            (F.F_SM_CLOCK, _I_SM_CLOCK, r.sm_clock),
-            (F.F_MEM_CLOCK, _I_MEM_CLOCK, r.mem_clock),
-            (F.F_REASONS, _I_REASONS, r.reasons),
-        ):
-            value = self._read(d, s, bit, read)
-            if value is not None:
-                v[index] = value
+        self._read_scalars(
+            d,
+            s,
+            (
+                (F.F_POWER, _I_POWER, r.power),
+                (F.F_TEMP, _I_TEMP, r.temperature),
+                (F.F_SM_CLOCK, _I_SM_CLOCK, r.sm_clock),
+                (F.F_MEM_CLOCK, _I_MEM_CLOCK, r.mem_clock),
+                (F.F_REASONS, _I_REASONS, r.reasons),
+            ),
+        )
         self._read_fields(d, s)
-        for bit, index, read in (
-            (F.F_FAN, _I_FAN, r.fan),
-            (F.F_PSTATE, _I_PSTATE, r.pstate),
-            (F.F_ENC, _I_ENC, r.encoder),
-            (F.F_DEC, _I_DEC, r.decoder),
-        ):
-            value = self._read(d, s, bit, read)
-            if value is not None:
-                v[index] = value
+        self._read_scalars(
+            d,
+            s,
+            (
+                (F.F_FAN, _I_FAN, r.fan),
+                (F.F_PSTATE, _I_PSTATE, r.pstate),
+                (F.F_ENC, _I_ENC, r.encoder),
+                (F.F_DEC, _I_DEC, r.decoder),
+            ),
+        )
         if d.caps & F.F_GPM and s.status != F.STATUS_LOST:
             self._read_gpm(d, s, t_ns, probing)
         if s.status != F.STATUS_LOST and s.nerrors > 0:
             s.status = F.STATUS_FIELD_ERRORS
         return s
+
+    def _read_scalars(
+        self, d: _Device, s: _Sample, reads: tuple[tuple[int, int, Any], ...]
+    ) -> None:
+        """Each ``(bit, RawSample position, bound read)`` in order (the order of the
+        native core's reads, which matters once a device is lost mid-sample)."""
+        v = s.values
+        for bit, index, read in reads:
+            value = self._read(d, s, bit, read)
+            if value is not None:
+                v[index] = value
 
     def _read_memory(self, d: _Device, s: _Sample, r: Any) -> None:
         """Memory v2 (used excludes reserved, as nvidia-smi shows) where the driver has

@@ -21,6 +21,13 @@ The price, under an application thread that never releases the GIL: each hand-ba
 the sampler up to a switch interval to get the GIL back, 10-15 % fewer rounds there
 (``benchmarks/bench_sampler.py``, 50 µs NVML calls), where it already reaches only a
 fraction of its asked rate.
+What a busy host costs each round beyond that: every NVML call drops the GIL, which wakes
+a host waiting for it (a futex wake, paid by this thread), and now and then the host wins
+the race for the GIL and this thread waits out a switch interval. Measured with a host
+spinning in Python, 8 simulated GPUs: ~1.7-1.8 ms of this thread's CPU per round against
+~0.26-0.45 ms uncontended, ~9 lost races and ~27-33 host wake-ups a round
+(``benchmarks/diag_sampler_contention.py``). Only holding the GIL across NVML calls
+(``ctypes.PyDLL``) would avoid it, and a wedged driver call would then freeze the host.
 
 Raw records are ``RawSample`` named tuples, raw windows ``RawWindow`` (``_records``);
 the native core returns the same types; the window rules live in ``_window_py``. The

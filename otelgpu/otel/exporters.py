@@ -133,6 +133,11 @@ class _InFlight:
             self._items -= items
             return not self.abandoned
 
+    @property
+    def busy(self) -> bool:
+        """Whether an export is being sent now (what :meth:`abandon` would count)."""
+        return self._items > 0
+
     def abandon(self) -> None:
         with self._lock:
             if self.abandoned:
@@ -172,6 +177,11 @@ class _Guard(Generic[_Inner]):
         if not self._in_flight.abandoned:
             self._in_flight.abandon()
             _stop_inner(self.inner)
+
+    @property
+    def exporting(self) -> bool:
+        """Whether an export is being sent now (what :meth:`abandon` would count)."""
+        return self._in_flight.busy
 
     def _may_shut_inner(self) -> bool:
         """Not a forked child's copy, nor an exporter already stopped by :meth:`abandon`."""

@@ -79,6 +79,27 @@ class ForkAwareMetricReader(PeriodicExportingMetricReader):
         # Runs in the child after fork(): the parent's thread does not exist here.
         self._daemon_thread = None
 
+    @property
+    def running(self) -> bool:
+        """Whether its thread still runs. After a shutdown: its final collection (or that
+        collection's export) missed the deadline -- the SDK's shutdown stops waiting for
+        it and returns, and it goes on to an exporter already shut down -- or the
+        deadline had passed before the provider reached this reader (see :meth:`stop`)."""
+        thread = self._daemon_thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def exporting(self) -> bool:
+        """Whether its exporter is sending now (an otelgpu guarded exporter tells;
+        otherwise ``False``)."""
+        return bool(getattr(self._exporter, "exporting", False))
+
+    def stop(self) -> None:
+        """Shut down now (no wait) if the provider's shutdown never got to this reader:
+        its thread runs one last collection and ends."""
+        if not self._shutdown:
+            self.shutdown(timeout_millis=0)
+
     # ``collect`` is marked final in the SDK (for type checkers only): this override only
     # prepares the storage, then runs the SDK's own collection unchanged.
     def collect(self, timeout_millis: float = 10_000) -> None:  # type: ignore[misc]

@@ -47,7 +47,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from otelgpu._settings import Settings
 from otelgpu.otel import exporters as ex
-from otelgpu.otel import pull_endpoint
+from otelgpu.otel import pull_endpoint, slicing
 from otelgpu.otel.fast_export import EncodedSpanExporter
 from otelgpu.otel.metric_reader import ForkAwareMetricReader
 from otelgpu.otel.processor import BoundedBatchSpanProcessor
@@ -146,6 +146,8 @@ class Pipeline:
     #: Bound of :meth:`shutdown` in seconds (setting ``shutdown_timeout_ms``).
     shutdown_timeout_s: float = 3.0
     span_processors: list[BoundedBatchSpanProcessor] = field(default_factory=list)
+    #: otelgpu's periodic metric readers (the pull endpoint's excepted).
+    metric_readers: list[ForkAwareMetricReader] = field(default_factory=list)
     #: The tail-keeping sampler of step spans shared by :attr:`span_processors` (``None``
     #: without them): the step recorder decides with it before building a span.
     step_sampler: StepSpanSampler | None = None
@@ -173,8 +175,11 @@ class Pipeline:
         thread; when time is up, what is still queued or in flight is counted in
         ``otelgpu.internal.dropped`` (reason ``shutdown_timeout``), the exporters are
         told to stop, and the thread is left behind (it holds no lock the application
-        needs). The OpenTelemetry exporters' own retry warnings and tracebacks are held
-        back meanwhile; one warning line says what could not be delivered.
+        needs). A final metric collection still running then is reported (its export,
+        if it comes, is counted). Meanwhile otelgpu's threads do not pace themselves
+        (:func:`otelgpu.otel.slicing.draining`), and the OpenTelemetry exporters' own retry
+        warnings and tracebacks are held back; one warning line says what could not be
+        delivered.
         """
         stats = self.stats
         lost_before = stats.dropped() if stats is not None else {}
@@ -194,13 +199,25 @@ class Pipeline:
             )
             for provider in self._owned()
         ]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
+        # The host waits for this flush: no GIL hand-backs until the deadline (then the
+        # workers left behind are paced again).
+        with slicing.draining():
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(max(0.0, deadline - time.monotonic()))
         finished = not any(worker.is_alive() for worker in workers)
-        if not finished:
+        # The SDK's reader stops waiting for its final collection at the deadline and
+        # returns (and a provider reached after the deadline shuts no reader down): the
+        # collection goes on, to exporters already shut down or abandoned now.
+        # An export in flight is counted by the exporter's abandon(); a collection that
+        # has not reached its exporter yet can only be reported.
+        running = [reader for reader in self.metric_readers if reader.running]
+        collecting = any(not reader.exporting for reader in running)
+        if not finished or running:
             self._abandon()
+        for reader in running:
+            reader.stop()
         else:
             quiet.remove()  # nothing of ours runs any more: give the loggers back
         if self.prometheus_server is not None:
@@ -211,7 +228,7 @@ class Pipeline:
         if self.recording is not None:
             self.recording.close()
         if stats is not None:
-            _warn_lost(lost_before, stats.dropped(), timeout_s, finished, quiet.held)
+            _warn_lost(lost_before, stats.dropped(), timeout_s, finished, quiet.held, collecting)
 
     def _owned(self) -> list[Any]:
         owned: list[Any] = []
@@ -277,26 +294,34 @@ def _warn_lost(
     timeout_s: float,
     finished: bool,
     held: int,
+    collecting: bool = False,
 ) -> None:
-    """One warning line for telemetry lost during shutdown (nothing when none was)."""
+    """One warning line for telemetry lost during shutdown (nothing when none was);
+    ``collecting``: the final metric collection had not finished when time ran out."""
     lost: dict[str, int] = {}
     for (signal, reason), n in after.items():
         delta = n - before.get((signal, reason), 0)
         if delta > 0 and reason != "forked_child":
             lost[signal] = lost.get(signal, 0) + delta
-    if not lost:
-        return
-    what = ", ".join(
-        f"{n} {'spans' if s == 'traces' else 'metric points' if s == 'metrics' else s}"
-        for s, n in sorted(lost.items())
-    )
-    _logger.warning(
-        "otelgpu: shutdown %s: %s not delivered (collector unreachable or failing; "
-        "counted in otelgpu.internal.dropped%s)",
-        f"gave up after {timeout_s:g} s" if not finished else "finished",
-        what,
-        f"; {held} exporter log records suppressed" if held else "",
-    )
+    if lost:
+        what = ", ".join(
+            f"{n} {'spans' if s == 'traces' else 'metric points' if s == 'metrics' else s}"
+            for s, n in sorted(lost.items())
+        )
+        _logger.warning(
+            "otelgpu: shutdown %s: %s not delivered (collector unreachable or failing; "
+            "counted in otelgpu.internal.dropped%s)",
+            f"gave up after {timeout_s:g} s" if not finished else "finished",
+            what,
+            f"; {held} exporter log records suppressed" if held else "",
+        )
+    if collecting:
+        _logger.warning(
+            "otelgpu: shutdown gave up after %g s with the final metric collection unfinished: "
+            "metrics recorded since the last export were not delivered (raise "
+            "OTELGPU_SHUTDOWN_TIMEOUT_MS, or lower the metrics' cardinality)",
+            timeout_s,
+        )
 
 
 def _shutdown_quietly(provider: Any, deadline: float) -> None:
@@ -376,6 +401,7 @@ def build_pipeline(
     recording = None
     processors: list[BoundedBatchSpanProcessor] = []
     guarded: list[ex.GuardedSpanExporter | ex.GuardedMetricExporter] = []
+    periodic: list[ForkAwareMetricReader] = []
     metric_names = signal_exporters(settings, "metrics")
     direct = direct_metrics if meter_given is None else None
     try:
@@ -448,12 +474,13 @@ def build_pipeline(
                     exporter, stats, temporality=temporality, sketch_metrics=extra
                 )
                 guarded.append(guarded_metrics)
-                out.append(
+                periodic.append(
                     ForkAwareMetricReader(
                         guarded_metrics,
                         export_interval_millis=settings.metric_export_interval_ms,
                     )
                 )
+                out.append(periodic[-1])
             return out
 
         if meter_given is not None:
@@ -505,6 +532,7 @@ def build_pipeline(
         stats=stats,
         shutdown_timeout_s=settings.shutdown_timeout_ms / 1000,
         span_processors=processors,
+        metric_readers=periodic,
         step_sampler=processors[0].step_sampler if processors else None,
         guarded_exporters=guarded,
         **pipeline_kwargs,

@@ -138,7 +138,8 @@ def test_label_cardinality_attack(probe: Any, tmp_path: Path) -> None:
         ok and run.returncode == 0,
         f"largest gen_ai.* metric has {most} series (limit 1000 per sketch metric, the SDK's "
         f"2000 per counter), overflow series {'present' if overflow else 'MISSING'}; "
-        f"RSS {rss[1]:.0f} → {rss[-1]:.0f} MiB",
+        f"RSS {rss[1]:.0f} → {rss[-1]:.0f} MiB; shutdown (final export) "
+        f"{run.result.get('shutdown_s', '?')} s",
     )
 
 

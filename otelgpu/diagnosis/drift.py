@@ -50,6 +50,18 @@ def relative_error_bound(sketch: QuantileSketch) -> float:
     return (base - 1.0) / (base + 1.0)
 
 
+def _seconds_pair(before: float, after: float) -> str:
+    """``"1.20 -> 1.51 ms"``: two durations (seconds) in the unit that suits the smaller
+    (µs, ms or s), three significant digits at least."""
+    smaller = min(abs(before), abs(after))
+    scale, unit = (1.0, "s") if smaller >= 1.0 else (1e3, "ms") if smaller >= 1e-3 else (1e6, "µs")
+
+    def number(x: float) -> str:
+        return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+    return f"{number(before * scale)} -> {number(after * scale)} {unit}"
+
+
 def _band(sketch: QuantileSketch, q: float) -> tuple[float, float]:
     """(low, high) value of quantile ``q``: order-statistic band widened by the error bound."""
     n = max(1, sketch.count)
@@ -170,7 +182,7 @@ class QuantileDrift:
         b, c, shift = shifts[worst]
         direction = "slower" if shift > 0 else "faster"
         parts = ", ".join(
-            f"p{q * 100:g} {v[0] * 1e3:.2f} -> {v[1] * 1e3:.2f} ms ({v[2]:+.0%})"
+            f"p{q * 100:g} {_seconds_pair(v[0], v[1])} ({v[2]:+.0%})"
             for q, v in sorted(shifts.items())
         )
         attrs: dict[str, object] = {"otelgpu.diagnosis.what": self.what}

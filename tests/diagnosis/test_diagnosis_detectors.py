@@ -45,6 +45,26 @@ def test_diagnosis_step_drift_found() -> None:
     assert f.step is not None and f.step > 620  # only after the regression
 
 
+@pytest.mark.parametrize(
+    ("median_s", "unit"), [(20e-6, "µs"), (0.010, "ms"), (2.0, "s")], ids=["us", "ms", "s"]
+)
+def test_diagnosis_drift_message_in_a_readable_unit(median_s: float, unit: str) -> None:
+    """Microsecond TTFTs used to read "p50 0.02 -> 0.02 ms (+26%)": the figures of the
+    message are in the unit of the smaller one, with three significant digits."""
+    base, cur = QuantileSketch(), QuantileSketch()
+    for i in range(2_000):
+        base.add(median_s * (1 + i * 1e-6))
+        cur.add(median_s * 1.25 * (1 + i * 1e-6))
+    finding = LatencyDrift().compare(base, cur)
+    assert finding is not None
+    shown = f"{median_s * {'µs': 1e6, 'ms': 1e3, 's': 1.0}[unit]:.3g}"
+    p50 = finding.message.split("p50 ", 1)[1].split(" (", 1)[0]
+    before, after = p50.removesuffix(f" {unit}").split(" -> ")
+    assert p50.endswith(f" {unit}"), finding.message
+    assert float(before) == pytest.approx(float(shown), rel=0.02)
+    assert float(after) == pytest.approx(1.25 * float(shown), rel=0.02)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_diagnosis_step_drift_silent_when_healthy(seed: int) -> None:
     rng = random.Random(seed)

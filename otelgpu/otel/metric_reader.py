@@ -85,7 +85,7 @@ class ForkAwareMetricReader(PeriodicExportingMetricReader):
         collection's export) missed the deadline -- the SDK's shutdown stops waiting for
         it and returns, and it goes on to an exporter already shut down -- or the
         deadline had passed before the provider reached this reader (see :meth:`stop`)."""
-        thread = self._daemon_thread
+        thread = getattr(self, "_daemon_thread", None)
         return thread is not None and thread.is_alive()
 
     @property
@@ -97,8 +97,12 @@ class ForkAwareMetricReader(PeriodicExportingMetricReader):
     def stop(self) -> None:
         """Shut down now (no wait) if the provider's shutdown never got to this reader:
         its thread runs one last collection and ends."""
-        if not self._shutdown:
+        if getattr(self, "_shutdown", True):  # done, or an SDK that keeps no such flag
+            return
+        try:
             self.shutdown(timeout_millis=0)
+        except Exception as exc:  # noqa: BLE001 - called while otelgpu shuts down: never raise
+            _logger.debug("otelgpu: metric reader not stopped: %r", exc)
 
     # ``collect`` is marked final in the SDK (for type checkers only): this override only
     # prepares the storage, then runs the SDK's own collection unchanged.

@@ -173,18 +173,20 @@ def test_pipeline_shutdown_final_collection_is_not_paced(
     assert points["gen_ai.server.request.duration.quantile"] > 0
 
 
+@pytest.mark.parametrize("timeout_ms", [0, 1], ids=["deadline-passed-at-once", "1ms"])
 def test_pipeline_shutdown_says_when_the_final_collection_did_not_finish(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, timeout_ms: int
 ) -> None:
     """The SDK's reader stops waiting for its final collection at the deadline and
-    returns as if done; otelgpu says so in one warning, and what that collection exports
+    returns as if done (and a provider reached after the deadline shuts no reader down:
+    otelgpu stops it); otelgpu says so in one warning, and what that collection exports
     afterwards is counted as dropped (``shutdown_timeout``), not written."""
     handle = otelgpu.instrument(
         exporters="recording",
         recording_dir=str(tmp_path),
         gpu=False,
         frameworks="none",
-        shutdown_timeout_ms=1,
+        shutdown_timeout_ms=timeout_ms,
     )
     runtime = handle.runtime
     assert runtime is not None and runtime.pipeline is not None
@@ -198,6 +200,8 @@ def test_pipeline_shutdown_says_when_the_final_collection_did_not_finish(
     unfinished = [r for r in caplog.records if "final metric collection unfinished" in r.message]
     assert len(unfinished) == 1
     assert "OTELGPU_SHUTDOWN_TIMEOUT_MS" in unfinished[0].message
+    # the SDK's refusal to start a reader's shutdown past the deadline is expected
+    assert not [r for r in caplog.records if "error shutting down" in r.message]
     thread = reader._daemon_thread
     assert thread is not None
     thread.join(60)

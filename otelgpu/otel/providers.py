@@ -309,8 +309,8 @@ def _warn_lost(
             for s, n in sorted(lost.items())
         )
         _logger.warning(
-            "otelgpu: shutdown %s: %s not delivered (collector unreachable or failing; "
-            "counted in otelgpu.internal.dropped%s)",
+            "otelgpu: shutdown %s: %s not delivered (collector unreachable, failing or slow, "
+            "or shutdown_timeout_ms too short; counted in otelgpu.internal.dropped%s)",
             f"gave up after {timeout_s:g} s" if not finished else "finished",
             what,
             f"; {held} exporter log records suppressed" if held else "",

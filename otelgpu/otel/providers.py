@@ -216,8 +216,8 @@ class Pipeline:
         collecting = any(not reader.exporting for reader in running)
         if not finished or running:
             self._abandon()
-        for reader in running:
-            reader.stop()
+            for reader in running:
+                reader.stop()
         else:
             quiet.remove()  # nothing of ours runs any more: give the loggers back
         if self.prometheus_server is not None:

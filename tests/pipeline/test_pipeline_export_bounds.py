@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -160,6 +161,7 @@ def test_pipeline_shutdown_bounded_with_unreachable_collector(
         with otelgpu.step(samples=1):
             pass
     caplog.clear()
+    quiet_before = _quiet_filters()
     t0 = time.monotonic()
     handle.shutdown()
     elapsed = time.monotonic() - t0
@@ -174,6 +176,15 @@ def test_pipeline_shutdown_bounded_with_unreachable_collector(
     assert "40 spans" in ours[0].getMessage()
     sdk = [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
     assert sdk == []
+    # the exporters it gave up on may still retry: their loggers stay held back
+    assert _quiet_filters() == quiet_before + 1
+
+
+def _quiet_filters() -> int:
+    """otelgpu's shutdown filters on the gRPC exporter's logger (one per shutdown that
+    gave up, in this process)."""
+    grpc_logger = logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter")
+    return sum(getattr(f, "name", "") == "otelgpu.quiet" for f in grpc_logger.filters)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -216,8 +227,11 @@ def test_pipeline_shutdown_delivers_everything_to_a_live_collector(otlp_receiver
     for _ in range(30):
         with otelgpu.step():
             pass
+    quiet_before = _quiet_filters()
     handle.shutdown()
     assert runtime.stats.dropped() == {}
+    # finished: the exporters' loggers are given back
+    assert _quiet_filters() == quiet_before
     spans = otlp_receiver.spans()  # type: ignore[attr-defined]
     assert sum(1 for _, _, s in spans if s.name == "otelgpu.train.step") == 30
 

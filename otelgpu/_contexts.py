@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from otelgpu import _runtime
 from otelgpu._runtime import Runtime
+from otelgpu.otel import host_work
 from otelgpu.runtime.records import (
     DEFAULT_OPERATION,
     DEFAULT_PROVIDER,
@@ -77,6 +78,8 @@ class _SpanScope:
             self._runtime = runtime
         except Exception as exc:  # noqa: BLE001 - hot path
             runtime.report_error(f"{self._where} enter", exc)
+            return
+        host_work.opened()  # otelgpu's background slices wait for the block's end
 
     def __enter__(self: _Scope) -> _Scope:
         self._enter()
@@ -107,7 +110,10 @@ class _SpanScope:
             otel_context.detach(self._token)  # type: ignore[arg-type]
         except Exception as err:  # noqa: BLE001
             runtime.report_error(f"{self._where} exit", err)
-        self._finish(runtime, span, exc)
+        try:
+            self._finish(runtime, span, exc)
+        finally:
+            host_work.closed()  # after the finish: it is the host's time too
 
 
 # =============================================================================== step

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from otelgpu.otel import slicing
+from otelgpu.otel import host_work, slicing
 from otelgpu.otel.stats import InternalStats
 
 #: The GIL hand-back rhythm shared by otelgpu's background threads (seconds).
@@ -87,6 +87,7 @@ class DeferredWork:
             thread.start()
 
     def _loop(self) -> None:
+        host_work.mark_background()
         while not self._stopped:
             self._wake.wait(self._interval_s)
             self._wake.clear()

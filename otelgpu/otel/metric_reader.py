@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-from otelgpu.otel import slicing
+from otelgpu.otel import host_work, slicing
 
 _logger = logging.getLogger("otelgpu")
 
@@ -111,6 +112,8 @@ class ForkAwareMetricReader(PeriodicExportingMetricReader):
             slice_collection(self)
         except Exception as exc:  # noqa: BLE001 - slicing is an optimisation only
             _logger.debug("otelgpu: metric collection not sliced: %r", exc)
+        if threading.current_thread() is getattr(self, "_daemon_thread", None):
+            host_work.mark_background()  # the reader's own thread (not a flush's caller)
         # The previous export's tail (sending, writing) and this walk end a slice: the
         # collection starts a fresh one.
         slicing.tick()

@@ -57,7 +57,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelgpu._fork import after_fork_in_child
-from otelgpu.otel import slicing
+from otelgpu.otel import host_work, slicing
 from otelgpu.otel.stats import InternalStats
 from otelgpu.otel.tail_sampling import StepSpanSampler
 
@@ -226,6 +226,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
+        host_work.mark_background()
         while not self._stopped:
             self._wake.wait(self._delay_s)
             self._wake.clear()

@@ -36,6 +36,10 @@ During :func:`draining` (otelgpu's shutdown: the host is waiting for the final f
 of many series spends about twice its CPU time asleep and can miss that bound. The
 interpreter's switch interval still lets any other thread in.
 
+On otelgpu's own threads, every slice also starts between the host's requests or steps
+when it can (``otelgpu.otel.host_work``): after a hand-back, and when a :class:`Slicer`
+begins a piece of work.
+
 Thread safety: a :class:`Slicer` belongs to one thread (one piece of work); :func:`tick`
 keeps its slice per thread; :func:`pause` may be called from any thread.
 """
@@ -48,6 +52,8 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+
+from otelgpu.otel import host_work
 
 #: Longest stretch of background work between two GIL hand-backs (seconds).
 SLICE_S = 0.0003
@@ -143,6 +149,7 @@ def pause() -> None:
     try:
         if not _draining:
             _hand_over()
+            _wait_for_gap()
     finally:
         _local.end = time.perf_counter() + SLICE_S
         _local.cpu = time.thread_time()
@@ -174,6 +181,15 @@ def _hand_over() -> None:
         _sleep(YIELD_S)
 
 
+def _wait_for_gap() -> None:
+    """On otelgpu's own threads, wait for a gap between the host's requests or steps
+    (``otelgpu.otel.host_work``), watching the main thread's CPU clock where known."""
+    if not host_work.open_count() or not host_work.is_background():
+        return
+    host = _current_host()
+    host_work.wait_for_gap(host.cpu_ns if host is not None else None)
+
+
 def tick() -> None:
     """:meth:`Slicer.tick` for the calling thread's current work (thread-local slice):
     for code that runs in many small calls, such as metric callbacks."""
@@ -192,6 +208,8 @@ class Slicer:
     __slots__ = ("_clock", "_cpu", "_end", "_slice_s", "pauses")
 
     def __init__(self, slice_s: float = SLICE_S) -> None:
+        if not _draining:
+            _wait_for_gap()  # a piece of work starts between the host's requests
         self._clock = time.perf_counter
         self._slice_s = slice_s
         self._end = self._clock() + slice_s

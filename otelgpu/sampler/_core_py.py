@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from otelgpu.nvml import NvmlUnavailableError, pynvml_init
-from otelgpu.otel import slicing
+from otelgpu.otel import host_work, slicing
 from otelgpu.sampler import _fields as F
 from otelgpu.sampler import _window_py as W
 from otelgpu.sampler._nvml_requests import (
@@ -717,6 +717,7 @@ class PyCore:
         self._tick(timestamp_ns, False)
 
     def _loop(self) -> None:
+        host_work.mark_background()
         interval = self._interval_ns
         next_t = time.monotonic_ns()
         while not self._stop.is_set():

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from otelgpu.otel import slicing
+from otelgpu.otel import host_work, slicing
 
 __all__ = ["QUEUE_LIMIT", "WORKER_INTERVAL_S", "StepQueue"]
 
@@ -96,6 +96,7 @@ class StepQueue(Generic[T]):
             worker.start()
 
     def _run(self) -> None:
+        host_work.mark_background()
         try:
             while not self._stop.wait(WORKER_INTERVAL_S):
                 self._drain(slicing.Slicer())

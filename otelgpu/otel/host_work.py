@@ -11,13 +11,15 @@ So ``otelgpu.request()`` and ``otelgpu.step()`` (with a runtime) mark their bloc
 thread that :func:`mark_background` marked as otelgpu's calls :func:`wait_for_gap` before a
 slice (``otelgpu.otel.slicing`` does, after each hand-back and when a piece of work
 starts): while a block is open it sleeps, a hand-back's length at a time, for at most
-``MAX_GAP_WAIT_S``. Measured, pure-Python twin, 8 simulated GPUs, 500 requests/s of 1 ms
-with 1 ms of host work between: request p99 1.83 -> 1.37-1.39 ms (bare loop 1.00 ms).
+``MAX_GAP_WAIT_S``. Measured (``benchmarks/bench_export.py --only pauses``, pure-Python
+twin, 8 simulated GPUs, 500 requests/s of 1 ms with 1 ms of host work between; runs
+interleaved with the code before): p99 over the bare loop +739 / +741 -> +517 / +405 µs.
 
 A host with no gaps -- back-to-back steps, an async server that always has a request
 open, a block never closed -- would make every wait time out: after ``GIVE_UP_AFTER``
-time-outs in a row, waits are off for ``OFF_S`` (then tried again), so background work is
-delayed by at most ``GIVE_UP_AFTER * MAX_GAP_WAIT_S`` a period and the exporters keep up.
+time-outs in a row, waits are off for ``OFF_S``, then tried again; each further streak in a
+row doubles that, up to ``MAX_OFF_S`` (a host without gaps: 3 waits of 20 ms every ~minute),
+and a wait that ends in a gap starts over. The exporters keep up either way.
 A wait also ends when the host thread has not run for ``HOST_STILL_S`` (its CPU clock,
 given by ``slicing``): a host blocked -- on I/O, on the GPU, or on a lock the waiting
 thread holds -- has nothing to keep clear of, and must not wait for a wait.
@@ -44,8 +46,10 @@ MAX_GAP_WAIT_S = 0.02
 HOST_STILL_S = 0.002
 #: Time-outs in a row after which waits are off for ``OFF_S``.
 GIVE_UP_AFTER = 3
-#: How long waits stay off after ``GIVE_UP_AFTER`` time-outs in a row (seconds).
+#: How long waits stay off after ``GIVE_UP_AFTER`` time-outs in a row (seconds); doubled
+#: for each such streak in a row, up to ``MAX_OFF_S``; a wait that ends in a gap resets it.
 OFF_S = 1.0
+MAX_OFF_S = 64.0
 #: One sleep of a wait: ``SLEEP_S`` plus a random extra of up to ``SLEEP_JITTER_S``, so a
 #: waiting thread does not wake in step with a regular host (seconds).
 SLEEP_S = 0.0001
@@ -57,6 +61,7 @@ _open: collections.deque[None] = collections.deque(maxlen=4096)
 _local = threading.local()
 _timeouts = 0  # waits in a row that timed out
 _off_until = 0.0  # time.monotonic() until which waits are off
+_off_s = 0.0  # the last off period (0: none since the last gap)
 _sleep = time.sleep  # a module attribute: tests count the sleeps
 _jitter = random.Random().random  # its own generator: the application's seed stays its own
 
@@ -96,7 +101,7 @@ def wait_for_gap(host_cpu_ns: Callable[[], int] | None = None) -> bool:
     when it did not move over a sleep, the host is not running (blocked on a lock this
     thread may hold, on I/O, on the GPU) and the wait ends. Returns whether it slept at
     all. Never raises."""
-    global _timeouts, _off_until
+    global _timeouts, _off_until, _off_s
     if not _open or not getattr(_local, "background", False):
         return False
     now = time.monotonic()
@@ -112,7 +117,8 @@ def wait_for_gap(host_cpu_ns: Callable[[], int] | None = None) -> bool:
                 _timeouts += 1
                 if _timeouts >= GIVE_UP_AFTER:
                     _timeouts = 0
-                    _off_until = now + OFF_S
+                    _off_s = min(max(_off_s * 2, OFF_S), MAX_OFF_S)
+                    _off_until = now + _off_s
                 return True
             _sleep(SLEEP_S + _jitter() * SLEEP_JITTER_S)
             if host_cpu_ns is not None:
@@ -124,14 +130,15 @@ def wait_for_gap(host_cpu_ns: Callable[[], int] | None = None) -> bool:
     except Exception:  # noqa: BLE001 - an optimisation only: never into the caller
         return True
     _timeouts = 0
+    _off_s = 0.0
     return True
 
 
 def _after_fork_in_child() -> None:
-    global _timeouts, _off_until
+    global _timeouts, _off_until, _off_s
     _open.clear()  # the parent's blocks are not the child's
     _timeouts = 0
-    _off_until = 0.0
+    _off_until = _off_s = 0.0
 
 
 if hasattr(os, "register_at_fork"):
@@ -142,6 +149,7 @@ __all__ = [
     "GIVE_UP_AFTER",
     "HOST_STILL_S",
     "MAX_GAP_WAIT_S",
+    "MAX_OFF_S",
     "OFF_S",
     "closed",
     "is_background",

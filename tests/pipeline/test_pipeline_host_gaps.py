@@ -25,9 +25,12 @@ pytestmark = pytest.mark.usefixtures("reset_otel_globals")
 
 
 @pytest.fixture
-def no_blocks() -> None:
+def no_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host thread that a loaded machine leaves without a CPU for a while must not end
+    # the waits these tests are about (the blocked-host test sets its own).
+    monkeypatch.setattr(host_work, "HOST_STILL_S", 5.0)
     host_work._open.clear()
-    host_work._off_until = 0.0
+    host_work._off_until = host_work._off_s = 0.0
     host_work._timeouts = 0
 
 
@@ -127,6 +130,7 @@ def test_pipeline_a_blocked_host_is_not_waited_for(monkeypatch: pytest.MonkeyPat
     """A host that does not run (sleeping, on I/O, or waiting for a lock the background
     thread holds while it pauses) has nothing to keep clear of: the wait ends."""
     monkeypatch.setattr(host_work, "MAX_GAP_WAIT_S", 5.0)
+    monkeypatch.setattr(host_work, "HOST_STILL_S", 0.002)
     held = threading.Lock()
     returned: list[float] = []
 
@@ -192,23 +196,40 @@ def test_pipeline_waits_turn_off_when_the_host_never_leaves_a_block(
 ) -> None:
     monkeypatch.setattr(host_work, "MAX_GAP_WAIT_S", 0.01)
     monkeypatch.setattr(host_work, "OFF_S", 0.3)
-    outcomes: list[tuple[bool, float]] = []
 
-    def waits() -> None:
-        for _ in range(host_work.GIVE_UP_AFTER + 2):
-            began = time.monotonic()
-            outcomes.append((host_work.wait_for_gap(), time.monotonic() - began))
+    def waits(n: int) -> list[tuple[bool, float]]:
+        outcomes: list[tuple[bool, float]] = []
 
+        def run() -> None:
+            for _ in range(n):
+                began = time.monotonic()
+                outcomes.append((host_work.wait_for_gap(), time.monotonic() - began))
+
+        _spin_until_done(_background(run))  # the host computes meanwhile
+        return outcomes
+
+    streak = host_work.GIVE_UP_AFTER
     host_work.opened()  # never closed: an async server that always has a request open
-    _spin_until_done(_background(waits))
-    timed_out = outcomes[: host_work.GIVE_UP_AFTER]
-    assert all(waited and took >= 0.01 for waited, took in timed_out)
-    assert [waited for waited, _ in outcomes[host_work.GIVE_UP_AFTER :]] == [False, False]
-    time.sleep(0.35)  # OFF_S passed: waits are tried again
-    again: list[bool] = []
-    _spin_until_done(_background(lambda: again.append(host_work.wait_for_gap())))
-    assert again == [True]
+    outcomes = waits(streak + 2)
+    assert all(waited and took >= 0.01 for waited, took in outcomes[:streak])
+    assert [waited for waited, _ in outcomes[streak:]] == [False, False]  # off now
+    time.sleep(0.35)  # OFF_S passed: waits are tried again ...
+    outcomes = waits(streak + 1)
+    assert [waited for waited, _ in outcomes] == [True] * streak + [False]
+    time.sleep(0.35)  # ... and after a second streak they stay off twice as long
+    assert [waited for waited, _ in waits(1)] == [False]
+    time.sleep(0.3)
+    assert [waited for waited, _ in waits(1)] == [True]
     host_work.closed()
+    # A wait that ends in a gap starts over: the next streak is off for OFF_S again.
+    host_work._timeouts = 0
+    monkeypatch.setattr(host_work, "MAX_GAP_WAIT_S", 5.0)
+    host_work.opened()
+    gap = threading.Timer(0.005, host_work.closed)
+    gap.start()
+    assert [waited for waited, _ in waits(1)] == [True]
+    gap.join()
+    assert host_work._off_s == 0.0
 
 
 @pytest.mark.usefixtures("no_blocks")

@@ -110,13 +110,18 @@ def test_pipeline_without_instrument_nothing_is_marked_open() -> None:
 
 
 @pytest.mark.usefixtures("no_blocks")
-def test_pipeline_background_pause_waits_for_the_host_block_to_end(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    "work",
+    [slicing.pause, slicing.Slicer],
+    ids=["a hand-back", "a piece of work's start"],
+)
+def test_pipeline_background_slices_wait_for_the_host_block_to_end(
+    monkeypatch: pytest.MonkeyPatch, work: Callable[[], object]
 ) -> None:
     monkeypatch.setattr(host_work, "MAX_GAP_WAIT_S", 5.0)  # generous: CI may be slow
     returned: list[float] = []
     host_work.opened()
-    worker = _background(_stamped(slicing.pause, returned))
+    worker = _background(_stamped(work, returned))
     _spin(0.15)  # the host's block: the worker must still be waiting
     assert returned == []
     closed_at = time.monotonic()
@@ -150,20 +155,6 @@ def test_pipeline_a_blocked_host_is_not_waited_for(monkeypatch: pytest.MonkeyPat
         assert returned and returned[0] - began < 1.0  # not MAX_GAP_WAIT_S
     finally:
         host_work.closed()
-
-
-@pytest.mark.usefixtures("no_blocks")
-def test_pipeline_a_slicer_starts_its_work_in_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host_work, "MAX_GAP_WAIT_S", 5.0)
-    started: list[float] = []
-    host_work.opened()
-    worker = _background(_stamped(slicing.Slicer, started))
-    _spin(0.1)
-    assert started == []
-    closed_at = time.monotonic()
-    host_work.closed()
-    worker.join(5)
-    assert started and started[0] >= closed_at
 
 
 @pytest.mark.usefixtures("no_blocks")

@@ -134,6 +134,12 @@ class PullReader(PrometheusMetricReader):
     collection in otelgpu's scope before the exporter's own translation, so they are named
     and labelled exactly as the SDK's instruments would be. Runs on the scrape's thread;
     a failure is counted in ``otelgpu.internal.errors`` and the scrape goes on.
+
+    :meth:`force_flush` collects nothing: a pull endpoint's data leaves when it is scraped,
+    and each scrape collects afresh (the specification requires no flush of a pull
+    reader). The exporter's own flush queued a collection that the next scrape served
+    beside its own -- every series twice -- and queued one more per flush while nobody
+    scraped.
     """
 
     def __init__(
@@ -144,6 +150,10 @@ class PullReader(PrometheusMetricReader):
         super().__init__()
         self._extra_metrics = extra_metrics
         self._stats = stats or InternalStats()
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Nothing to push: the next scrape collects (see the class docstring)."""
+        return True
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any

@@ -246,6 +246,46 @@ def test_metrics_text_endpoint_over_http() -> None:
         otelgpu.shutdown()
 
 
+def test_metrics_pull_endpoint_flush_queues_nothing_for_the_next_scrape() -> None:
+    # The SDK's Prometheus reader collected at force_flush and queued it: the next scrape
+    # served that collection beside its own (every series twice, which Prometheus rejects
+    # as duplicate samples), and each flush with no scrape in between queued one more.
+    port = free_port()
+    handle = instrument_pull_only(port)
+    try:
+        runtime = handle.runtime
+        assert runtime is not None
+        t0 = time.time_ns()
+        for i in range(5):
+            runtime.record_request(tiny_request(t0, 0.1 * (i + 1), False))
+        url = f"http://127.0.0.1:{port}/metrics"
+        before = _series(scrape(url, "text/plain;version=0.0.4")[1])
+        for _ in range(50):
+            handle.force_flush()
+        for i in range(3):
+            runtime.record_request(tiny_request(t0, 0.1 * (i + 1), False))
+        after = _series(scrape(url, "text/plain;version=0.0.4")[1])
+        assert [k for k, n in after.items() if n > 1] == []
+        assert set(after) == set(before)
+        count = "gen_ai_server_request_duration_seconds_count"
+        values = [s.value for f in text_string_to_metric_families(
+            scrape(url, "text/plain;version=0.0.4")[1].decode()
+        ) for s in f.samples if s.name == count]  # fmt: skip
+        assert values == [8]
+    finally:
+        otelgpu.shutdown()
+
+
+def _series(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
+    """How many times each series (name and labels) is in a text-format scrape."""
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
 def om_parse(text: str) -> list[Any]:
     from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse
 

@@ -11,6 +11,7 @@ prefix cache stays bounded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -215,17 +216,25 @@ def test_metrics_text_writer_cache_is_bounded() -> None:
         assert len(writer._prefixes) <= 150  # cleared once over 100, then refilled
 
 
-def test_metrics_text_endpoint_over_http() -> None:
+@contextlib.contextmanager
+def _pull_endpoint() -> Iterator[tuple[Any, Any, str]]:
+    """``instrument()`` with only the pull endpoint: (handle, runtime, scrape URL)."""
     port = free_port()
     handle = instrument_pull_only(port)
     try:
         runtime = handle.runtime
         assert runtime is not None
+        yield handle, runtime, f"http://127.0.0.1:{port}/metrics"
+    finally:
+        otelgpu.shutdown()
+
+
+def test_metrics_text_endpoint_over_http() -> None:
+    with _pull_endpoint() as (_, runtime, url):
         t0 = time.time_ns()
         for i in range(20):
             runtime.record_request(tiny_request(t0, 0.1 * (i + 1), i % 5 == 0))
             runtime.record_step(StepRecord(t0, t0 + 10_000_000 * (i + 1)))
-        url = f"http://127.0.0.1:{port}/metrics"
         content_type, body = scrape(url, PROMETHEUS_3_ACCEPT, gzip_ok=True)
         assert content_type == choose_encoder(PROMETHEUS_3_ACCEPT)[1]
         assert body.endswith(b"# EOF\n")
@@ -242,23 +251,16 @@ def test_metrics_text_endpoint_over_http() -> None:
         assert [f.name for f in text_string_to_metric_families(selected.decode())] == [
             "process_cpu_seconds"
         ]
-    finally:
-        otelgpu.shutdown()
 
 
 def test_metrics_pull_endpoint_flush_queues_nothing_for_the_next_scrape() -> None:
     # The SDK's Prometheus reader collected at force_flush and queued it: the next scrape
     # served that collection beside its own (every series twice, which Prometheus rejects
     # as duplicate samples), and each flush with no scrape in between queued one more.
-    port = free_port()
-    handle = instrument_pull_only(port)
-    try:
-        runtime = handle.runtime
-        assert runtime is not None
+    with _pull_endpoint() as (handle, runtime, url):
         t0 = time.time_ns()
         for i in range(5):
             runtime.record_request(tiny_request(t0, 0.1 * (i + 1), False))
-        url = f"http://127.0.0.1:{port}/metrics"
         before = _series(scrape(url, "text/plain;version=0.0.4")[1])
         for _ in range(50):
             handle.force_flush()
@@ -272,8 +274,6 @@ def test_metrics_pull_endpoint_flush_queues_nothing_for_the_next_scrape() -> Non
             scrape(url, "text/plain;version=0.0.4")[1].decode()
         ) for s in f.samples if s.name == count]  # fmt: skip
         assert values == [8]
-    finally:
-        otelgpu.shutdown()
 
 
 def _series(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:

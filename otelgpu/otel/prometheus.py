@@ -138,7 +138,8 @@ class PullReader(PrometheusMetricReader):
     :meth:`force_flush` collects nothing: a pull endpoint's data leaves when it is scraped,
     and each scrape collects afresh (the specification requires no flush of a pull
     reader). The exporter's own flush queued a collection that the next scrape served
-    beside its own -- every series twice -- and queued one more per flush while nobody
+    beside its own -- every series twice, the flush's values first, which Prometheus kept
+    (dropping the newer ones as duplicates) -- and queued one more per flush while nobody
     scraped.
     """
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from fixtures.backends import (
 )
 from fixtures.processes import free_port
 from fixtures.sim import SMALL_SCENARIO
+from prometheus_client.parser import text_string_to_metric_families
 
 import otelgpu
 from otelgpu import sim
@@ -117,7 +119,14 @@ def test_backends_prometheus_scrapes_gpu_metrics_and_quantiles(
     steps_ns = _step_durations_ns()
     t0 = 1_700_000_000_000_000_000
     start = t0
-    for duration in steps_ns:
+    for i, duration in enumerate(steps_ns):
+        if i == len(steps_ns) - 100:
+            # A pull endpoint has nothing to flush. The exporter's own flush queued a
+            # collection that the next scrape served beside its own, every series twice,
+            # the values of the flush first: Prometheus kept those and dropped the newer
+            # ones as duplicates.
+            for _ in range(3):
+                handle.force_flush()
         runtime.record_step(StepRecord(start, start + duration))
         start += duration
     requests_ns = [int(d * 3.1) + 1_000_000 for d in steps_ns[:500]]
@@ -178,6 +187,16 @@ def test_backends_prometheus_scrapes_gpu_metrics_and_quantiles(
     )
     result = wait_until(lambda: prom.query(count), 10)
     assert [float(s["value"][1]) for s in result] == [len(steps_ns)], count
+
+    # Every scrape had each series once: Prometheus counts a sample repeated with another
+    # value in one scrape (the same series and timestamp) in its own metrics.
+    with urllib.request.urlopen(f"{prom.url}/metrics", timeout=10) as answer:
+        own = {
+            s.name: s.value
+            for f in text_string_to_metric_families(answer.read().decode())
+            for s in f.samples
+        }
+    assert own["prometheus_target_scrapes_sample_duplicate_timestamp_total"] == 0
 
 
 def test_backends_prometheus_alerts_fire_on_simulated_faults(

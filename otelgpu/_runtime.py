@@ -271,7 +271,8 @@ class Runtime:
         return self._closed
 
     def force_flush(self, timeout_millis: int = 10_000) -> None:
-        """Export everything recorded so far (spans and a metric collection)."""
+        """Export everything recorded so far: the spans, and a metric collection for the
+        push exporters (a pull endpoint's metrics leave at its next scrape)."""
         self.deferred.drain()
         self.steps.settle()
         if self.pipeline is not None:

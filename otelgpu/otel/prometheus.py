@@ -23,7 +23,8 @@ never raises (a failure is counted in ``otelgpu.internal.errors``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -127,6 +128,17 @@ class SketchCollector(Collector):
         return family
 
 
+def _one_at_a_time(collect: Callable[[], Iterable[Any]]) -> Callable[[], list[Any]]:
+    """``collect``, run to completion under a lock of its own on each call."""
+    lock = threading.Lock()
+
+    def collect_alone() -> list[Any]:
+        with lock:
+            return list(collect())
+
+    return collect_alone
+
+
 class PullReader(PrometheusMetricReader):
     """The OpenTelemetry Prometheus reader, plus metrics otelgpu builds itself.
 
@@ -134,6 +146,10 @@ class PullReader(PrometheusMetricReader):
     collection in otelgpu's scope before the exporter's own translation, so they are named
     and labelled exactly as the SDK's instruments would be. Runs on the scrape's thread;
     a failure is counted in ``otelgpu.internal.errors`` and the scrape goes on.
+
+    Scrapes go through the exporter's collector one at a time: it queues its collection,
+    then serves everything queued, so of two scrapes at once (each on its own server
+    thread) one could serve both collections -- every series twice -- and the other none.
 
     :meth:`force_flush` collects nothing: a pull endpoint's data leaves when it is scraped,
     and each scrape collects afresh (the specification requires no flush of a pull
@@ -151,6 +167,9 @@ class PullReader(PrometheusMetricReader):
         super().__init__()
         self._extra_metrics = extra_metrics
         self._stats = stats or InternalStats()
+        collector = getattr(self, "_collector", None)
+        if collector is not None:
+            collector.collect = _one_at_a_time(collector.collect)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         """Nothing to push: the next scrape collects (see the class docstring)."""

@@ -264,13 +264,17 @@ class StepRecorder(Recorder[StepRecord]):
     def _maybe_look_back(self) -> None:
         """:meth:`_look_back` at most once per ``_LOOK_EVERY_NS``, and only while steps are
         held: with none held a new event has nothing to claim (and the sampler's event
-        count is not read at every step of a loop whose steps are all kept)."""
+        count is not read at every step of a loop whose steps are all kept). Runs on the
+        thread that ends a step (the host's): never raises."""
         held = self._held
         if not held:  # None, or holding nothing
             return
         if (now := time.monotonic_ns()) >= self._next_look_ns:
             self._next_look_ns = now + _LOOK_EVERY_NS
-            self._look_back()
+            try:
+                self._look_back()
+            except Exception as exc:  # noqa: BLE001 - hot path
+                self._stats.report_error("step", exc)
 
     def _fill(
         self,

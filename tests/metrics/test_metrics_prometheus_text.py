@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -274,6 +275,45 @@ def test_metrics_pull_endpoint_flush_queues_nothing_for_the_next_scrape() -> Non
             scrape(url, "text/plain;version=0.0.4")[1].decode()
         ) for s in f.samples if s.name == count]  # fmt: skip
         assert values == [8]
+
+
+def test_metrics_pull_endpoint_concurrent_scrapes_each_get_every_series_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each scrape runs on its own server thread. The exporter's collector queues its
+    # collection, then serves everything queued: a scrape preempted right after queueing
+    # (two Prometheus servers of an HA pair, or Prometheus and someone's curl, at once)
+    # had its collection served by the other scrape too -- every series twice there, none
+    # in its own answer. The preemption is made certain here: a pause after the queueing.
+    from opentelemetry.exporter.prometheus import _CustomCollector
+
+    queue = _CustomCollector.add_metrics_data
+
+    def queue_then_pause(self: Any, metrics_data: Any) -> None:
+        queue(self, metrics_data)
+        time.sleep(0.2)
+
+    with _pull_endpoint() as (_, runtime, url):
+        t0 = time.time_ns()
+        for i in range(5):
+            runtime.record_request(tiny_request(t0, 0.1 * (i + 1), i == 0))
+        expected = _series(scrape(url, "text/plain;version=0.0.4")[1])
+        assert expected and set(expected.values()) == {1}
+        monkeypatch.setattr(_CustomCollector, "add_metrics_data", queue_then_pause)
+        bodies: list[bytes] = []
+
+        def scrape_once() -> None:
+            bodies.append(scrape(url, "text/plain;version=0.0.4")[1])
+
+        threads = [threading.Thread(target=scrape_once) for _ in range(2)]
+        threads[0].start()
+        time.sleep(0.05)  # the first scrape is paused after queueing its collection
+        threads[1].start()
+        for thread in threads:
+            thread.join(30)
+        assert len(bodies) == 2
+        for body in bodies:
+            assert _series(body) == expected
 
 
 def _series(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:

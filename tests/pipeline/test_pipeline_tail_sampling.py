@@ -280,6 +280,40 @@ def test_pipeline_step_sampled_out_before_its_health_event_is_exported(
     assert sum(p.as_int for p in total.sum.data_points) == 67
 
 
+def test_a_failing_look_for_late_health_events_never_reaches_the_host(
+    receiver: Any, sim_gpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look for late GPU health events among the held steps runs on the thread that
+    ends a step (the host's). When it fails (here the sampler's event list), the step
+    still ends and is counted, the error is counted once per failure, and nothing raises
+    into the host."""
+    handle = _instrument(receiver, step_spans_per_second=1, sample_interval_ms=200)
+    runtime = handle.runtime
+    time.sleep(0.3)  # the sampler has started and sampled
+    now = time.time_ns()
+    tile = 10_000_000
+    # the first step takes the one budget token; the others are sampled out and held
+    for i in range(20):
+        runtime.record_step(StepRecord(now + i * tile, now + (i + 1) * tile - 1, step=i + 1))
+
+    def broken(*args: Any) -> list[Any]:
+        raise RuntimeError("the sampler's events are gone")
+
+    published = itertools.count(1_000)  # a new event published before every look
+    monkeypatch.setattr(runtime.steps._gpu, "event_count", lambda: next(published))
+    monkeypatch.setattr(runtime.steps._gpu, "events", broken)
+    later = now + 20 * tile
+    time.sleep(0.002)  # steps look at the event count at most once per millisecond
+    runtime.record_step(StepRecord(later, later + tile - 1, step=21))
+    time.sleep(0.002)
+    runtime.record_steps([StepRecord(later + tile, later + 2 * tile - 1, step=22)])
+    assert runtime.stats.errors() == {"step": 2}
+    handle.shutdown()  # its own look fails too, and lets the held steps go, counted
+    total = receiver.last_metric(names.TRAIN_STEPS.name)
+    assert total is not None
+    assert sum(p.as_int for p in total.sum.data_points) == 22
+
+
 def _kept(sampler: Any, ends_ns: list[int], duration_ns: int = 4_000_000) -> list[int]:
     """Indices of the steps ``sampler`` keeps, decided in one batch (as the torch
     instrumentation's background thread decides half a second of steps at a time)."""

@@ -19,12 +19,17 @@ Part 1 -- cost per operation, export included (encoding, sending), in one run:
 Part 2 -- host pause distribution: a busy-loop step (100 µs of spinning), 30,000 steps,
 bare and inside ``otelgpu.step()`` (1 GPU, local recording); a 50 steps/s training loop
 (20 ms steps, 1 GPU, OTLP gRPC); 500 requests/s inference (1 ms requests with 1 ms
-between them, 8 GPUs, OTLP gRPC). Per step: the wall time of the step and the longest
-gap the spinning loop saw (what a pause feels like). Reported: p50/p99/p99.9/max and
-the added pause over the bare loop at p99 and max (targets 0.5 ms and 2 ms), for otelgpu
-and, as the reference in the same run, for one plain SDK span per step exported by the same
-exporter (what any span costs the host on this machine). Each scenario runs ``--repeats``
-times per side, interleaved; the run with the lowest p99 is kept for each side.
+between them, 8 GPUs, OTLP gRPC); and the busy loop with 8 GPUs while its Prometheus pull
+endpoint is scraped every ``SCRAPE_EVERY_S`` by another process, as Prometheus 3 asks
+(``scraped100``; the plain side: a plain SDK span and an SDK histogram on the
+OpenTelemetry Prometheus exporter, scraped the same way; the bare loop: an empty
+``prometheus_client`` endpoint, scraped the same way). Per step: the wall time of the
+step and the longest gap the spinning loop saw (what a pause feels like). Reported:
+p50/p99/p99.9/max and the added pause over the bare loop at p99 and max (targets 0.5 ms
+and 2 ms), for otelgpu and, as the reference in the same run, for one plain SDK span per
+step exported by the same exporter (what any span costs the host on this machine). Each
+scenario runs ``--repeats`` times per side, interleaved; the run with the lowest p99 is
+kept for each side.
 
 Writes ``benchmarks/results/export.md``. Run: ``python benchmarks/bench_export.py``
 (``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--quick`` for a short run;
@@ -182,6 +187,7 @@ def _plain_span(
         tp.scrape_port = server.server_port  # type: ignore[attr-defined]
         mp = MeterProvider(metric_readers=[PrometheusMetricReader()], shutdown_on_exit=False)
         hist = mp.get_meter("bench").create_histogram("bench.step.duration", unit="s")
+        tp.bench_histogram = hist  # type: ignore[attr-defined]
         tracer = tp.get_tracer("bench")
         attrs = {"gen_ai.request.model": "m", "gen_ai.operation.name": "chat"}
 
@@ -220,6 +226,28 @@ def _scrape_once(port: int) -> None:
     )
     with urllib.request.urlopen(request, timeout=30) as answer:
         answer.read()
+
+
+SCRAPE_EVERY_S = 1.0
+"""How often the ``scraped100`` pause rows scrape the pull endpoint (15 times as often as
+the usual 15 s scrape interval: a run of 100,000 steps sees a dozen scrapes)."""
+
+
+def _scraper(port: int) -> subprocess.Popen[bytes]:
+    """Another process that scrapes the pull endpoint on ``port`` every
+    :data:`SCRAPE_EVERY_S`, as Prometheus 3 asks (:func:`_scrape_once`), until killed."""
+    code = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import bench_export\n"
+        "due = time.monotonic()\n"
+        "while True:\n"
+        f"    due += {SCRAPE_EVERY_S}\n"
+        "    time.sleep(max(0.0, due - time.monotonic()))\n"
+        f"    bench_export._scrape_once({port})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
 
 
 def instrumented(
@@ -327,7 +355,9 @@ def pause_worker(
 
     bare = scenario.startswith("bare")
     plain = scenario.startswith("plain")
-    if scenario.endswith("busy100"):
+    if scenario.endswith("scraped100"):
+        busy_s, idle_s, gpus, op_kind = 100e-6, 0.0, 8, "step"
+    elif scenario.endswith("busy100"):
         busy_s, idle_s, gpus, op_kind = 100e-6, 0.0, 1, "step"
     elif scenario.endswith("train50"):
         busy_s, idle_s, gpus, op_kind = 20e-3, 0.0, 1, "step"
@@ -335,16 +365,28 @@ def pause_worker(
         busy_s, idle_s, gpus, op_kind = 1e-3, 1e-3, 8, "request"
     handle = None
     plain_op: Callable[[], Any] | None = None
+    plain_histogram: Any = None
+    scrape_port: int | None = None
     if plain:  # the reference: one plain SDK span per step, the same exporter
         _, tp = _plain_span(exporter, ports, tmp)
         tracer = tp.get_tracer("bench")
         attrs = {"gen_ai.request.model": "m", "gen_ai.operation.name": "chat"}
+        plain_histogram = getattr(tp, "bench_histogram", None)  # Prometheus: a metric too
+        scrape_port = getattr(tp, "scrape_port", None)
 
         def plain_op() -> Any:
             return tracer.start_as_current_span("step", attributes=attrs)
 
     elif not bare:
         handle = instrument_as_pause_rows(gpus, exporter, ports, tmp)
+        if exporter == "prometheus":
+            scrape_port = handle.runtime.pipeline.prometheus_address[1]
+    elif exporter == "prometheus":  # the bare loop's endpoint: prometheus_client's own
+        from prometheus_client import start_http_server
+
+        server, _ = start_http_server(0, addr="127.0.0.1")
+        scrape_port = server.server_port
+    scraper = _scraper(scrape_port) if scrape_port is not None else None
     clock = time.perf_counter
     walls = []
     gaps = []
@@ -369,6 +411,8 @@ def pause_worker(
         elif plain_op is not None:
             with plain_op():
                 worst = spin(busy_s)
+            if plain_histogram is not None:
+                plain_histogram.record(clock() - t0, attrs)
         elif op_kind == "step":
             with otelgpu.step(samples=32):
                 worst = spin(busy_s)
@@ -381,6 +425,9 @@ def pause_worker(
         gaps.append(worst)
         if idle_s:
             gaps[-1] = max(gaps[-1], spin(idle_s))
+    if scraper is not None:
+        scraper.kill()
+        scraper.wait()
     dropped = sampled = 0
     reasons: dict[str, int] = {}
     if handle is not None:
@@ -437,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
     parser.add_argument(
         "--scenarios",
-        default="busy100,train50,infer500",
+        default="busy100,train50,infer500,scraped100",
         help="pause scenarios to run (comma-separated)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -553,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ("busy100", "otlp-grpc", args.steps),
                 ("train50", "otlp-grpc", 300 if args.quick else 1000),
                 ("infer500", "otlp-grpc", 2000 if args.quick else 5000),
+                ("scraped100", "prometheus", 20_000 if args.quick else 100_000),
             ]
             wanted = set(args.scenarios.split(","))
             for scenario, exporter, steps in [s for s in scenarios if s[0] in wanted]:
@@ -601,7 +649,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "",
                 "Targets: added p99 ≤ 500 µs, added max ≤ 2,000 µs over the bare loop. "
                 "busy100: 100 µs busy steps, 1 GPU; train50: 20 ms steps (50 steps/s), "
-                "1 GPU; infer500: 1 ms requests + 1 ms between (500 requests/s), 8 GPUs.",
+                "1 GPU; infer500: 1 ms requests + 1 ms between (500 requests/s), 8 GPUs; "
+                f"scraped100: 100 µs busy steps, 8 GPUs, the pull endpoint scraped every "
+                f"{SCRAPE_EVERY_S * 1e3:.0f} ms.",
                 "",
             ]
     finally:

@@ -33,11 +33,12 @@ lock (a lost update only shifts when waits resume). A forked child starts with n
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 #: Longest one :func:`wait_for_gap` sleeps for the host's open blocks to close (seconds).
 MAX_GAP_WAIT_S = 0.02
@@ -88,6 +89,19 @@ def mark_background() -> None:
     """Mark the calling thread as one of otelgpu's background threads: its slices wait
     for a gap between the host's blocks. Idempotent."""
     _local.background = True
+
+
+@contextlib.contextmanager
+def background() -> Iterator[None]:
+    """Within the block, the calling thread counts as one of otelgpu's background threads
+    (:func:`mark_background`); afterwards it is what it was (a scrape served on a thread
+    that also runs the host's code)."""
+    was = is_background()
+    _local.background = True
+    try:
+        yield
+    finally:
+        _local.background = was
 
 
 def is_background() -> bool:

@@ -40,15 +40,17 @@ from otelgpu.otel import host_work, slicing
 _logger = logging.getLogger("otelgpu")
 
 
-def _ticking(collect: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    slicing.tick()
+def _ticking(
+    tick: Callable[[], None], collect: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    tick()
     return collect(*args, **kwargs)
 
 
-def slice_collection(reader: Any) -> int:
+def slice_collection(reader: Any, tick: Callable[[], None] = slicing.tick) -> int:
     """Make every instrument's aggregation step in ``reader``'s storage begin with
-    :func:`slicing.tick`; returns how many were wrapped now (0 when the SDK's internals
-    are not as expected, or all were wrapped before)."""
+    ``tick`` (:func:`slicing.tick`); returns how many were wrapped now (0 when the SDK's
+    internals are not as expected, or all were wrapped before)."""
     consumer = getattr(getattr(reader, "_collect", None), "__self__", None)
     storages = getattr(consumer, "_reader_storages", None)
     storage = storages.get(reader) if isinstance(storages, dict) else None
@@ -62,7 +64,7 @@ def slice_collection(reader: Any) -> int:
             state = getattr(match, "__dict__", None)
             if state is None or "collect" in state or not callable(getattr(match, "collect", None)):
                 continue
-            match.collect = functools.partial(_ticking, match.collect)
+            match.collect = functools.partial(_ticking, tick, match.collect)
             wrapped += 1
     return wrapped
 

@@ -44,6 +44,7 @@ from prometheus_client.openmetrics.exposition import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from otelgpu.otel import slicing
 from otelgpu.otel.histogram_rule import NativeHistogram
 
 CONTENT_TYPE = (
@@ -264,4 +265,8 @@ def encode(registry: Collector, names: Collection[str] | None = None) -> bytes:
     ``names`` (a scrape's ``name[]``): only the samples so named; a histogram or
     summary (one message per series: its buckets, sum, count and native histogram
     together) is written whole when its name or one of its sample names is listed."""
-    return b"".join(chunk for metric in registry.collect() for chunk in _families(metric, names))
+    chunks: list[bytes] = []
+    for metric in registry.collect():
+        slicing.tick()  # a scrape's thread hands the GIL back between families
+        chunks.extend(_families(metric, names))
+    return b"".join(chunks)

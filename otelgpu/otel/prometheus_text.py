@@ -35,6 +35,9 @@ _logger = logging.getLogger("otelgpu")
 
 Encoder = Callable[[Any], bytes]
 
+SAMPLES_PER_TICK = 16
+"""Samples written between two chances to hand the GIL back (~15 µs each warm)."""
+
 try:  # the escaping functions prometheus_client's own writers use (0.22 and later)
     from prometheus_client import exposition as _text
     from prometheus_client.openmetrics import exposition as _om
@@ -68,6 +71,24 @@ class _Families:
 
     def collect(self) -> Iterable[Any]:
         return self._families
+
+
+def _theirs_in_slices(their: Encoder, families: Sequence[Any], kind: str) -> bytes:
+    """``their(families)`` (``prometheus_client``'s answer), written one family at a time
+    with the GIL handed back between them: the same bytes (a family's exposition does not
+    depend on the others'; OpenMetrics ends once with ``# EOF``)."""
+    eof = b"# EOF\n"
+    chunks = []
+    slicer = slicing.Slicer()
+    for family in families:
+        chunk = their(_Families([family]))
+        if kind != "text" and chunk.endswith(eof):
+            chunk = chunk[: -len(eof)]
+        chunks.append(chunk)
+        slicer.tick()
+    if kind != "text":
+        chunks.append(eof)
+    return b"".join(chunks)
 
 
 class TextWriter:
@@ -124,7 +145,7 @@ class TextWriter:
         if verified is None:
             with self._lock:
                 if key not in self._verified:
-                    theirs = their(_Families(families))
+                    theirs = _theirs_in_slices(their, families, kind)
                     same = theirs == ours
                     self._verified[key] = same
                     if not same:
@@ -148,7 +169,7 @@ class TextWriter:
         slicer = slicing.Slicer()
         family = self._text_family if kind == "text" else self._om_family
         for metric in families:
-            family(metric, escaping, out)
+            family(metric, escaping, out, slicer.tick)
             slicer.tick()
         if kind != "text":
             out.append("# EOF\n")
@@ -189,7 +210,9 @@ class TextWriter:
             labelstr = "{" + labelstr + "}"
         return (_escape(name, escaping, _labelname_rune) if legacy else "") + labelstr
 
-    def _text_family(self, metric: Any, escaping: str, out: list[str]) -> None:
+    def _text_family(
+        self, metric: Any, escaping: str, out: list[str], tick: Callable[[], None]
+    ) -> None:
         mname, mtype = metric.name, metric.type
         # The OpenMetrics types as the text format names them (prometheus_client's rules).
         if mtype == "counter":
@@ -209,7 +232,9 @@ class TextWriter:
         out.append(f"# TYPE {escaped} {mtype}\n")
         om_samples: dict[str, list[str]] = {}
         prefix = self._prefix
-        for s in metric.samples:
+        for i, s in enumerate(metric.samples):
+            if not i % SAMPLES_PER_TICK:  # a histogram family is hundreds of lines
+                tick()
             timestamp = ""
             if s.timestamp is not None:
                 timestamp = f" {int(float(s.timestamp) * 1000):d}"
@@ -227,14 +252,18 @@ class TextWriter:
             out.append(f"# TYPE {escaped} gauge\n")
             out.extend(lines)
 
-    def _om_family(self, metric: Any, escaping: str, out: list[str]) -> None:
+    def _om_family(
+        self, metric: Any, escaping: str, out: list[str], tick: Callable[[], None]
+    ) -> None:
         mname = _escape_metric_name(metric.name, escaping)
         out.append(f"# HELP {mname} {_escape(metric.documentation, ALLOWUTF8, _labelname_rune)}\n")
         out.append(f"# TYPE {mname} {metric.type}\n")
         if metric.unit:
             out.append(f"# UNIT {mname} {metric.unit}\n")
         prefix = self._prefix
-        for s in metric.samples:
+        for i, s in enumerate(metric.samples):
+            if not i % SAMPLES_PER_TICK:
+                tick()
             if s.native_histogram:  # not written before OpenMetrics 2
                 continue
             exemplar = _compose_exemplar(metric, s, s.exemplar) if s.exemplar else ""  # type: ignore[no-untyped-call]

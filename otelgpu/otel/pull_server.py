@@ -32,7 +32,7 @@ from prometheus_client import REGISTRY, make_wsgi_app
 from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
-from otelgpu.otel import prometheus_protobuf
+from otelgpu.otel import host_work, prometheus_protobuf
 from otelgpu.otel.prometheus_text import TextWriter
 
 _PROTOBUF = "application/vnd.google.protobuf"
@@ -94,10 +94,13 @@ def make_app(registry: CollectorRegistry = REGISTRY) -> WsgiApp:
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "GET" or environ.get("PATH_INFO") == "/favicon.ico":
             return other_app(environ, start_response)
-        params = parse_qs(environ.get("QUERY_STRING", ""))
-        if not wants_protobuf(environ.get("HTTP_ACCEPT") or ""):
-            return _text(writer, registry, environ, params, start_response)
-        output = prometheus_protobuf.encode(registry, params.get("name[]"))
+        # A scrape is otelgpu's background work: it hands the GIL back in slices that wait
+        # for the host's gaps (otelgpu.otel.slicing).
+        with host_work.background():
+            params = parse_qs(environ.get("QUERY_STRING", ""))
+            if not wants_protobuf(environ.get("HTTP_ACCEPT") or ""):
+                return _text(writer, registry, environ, params, start_response)
+            output = prometheus_protobuf.encode(registry, params.get("name[]"))
         headers = [("Content-Type", prometheus_protobuf.CONTENT_TYPE)]
         if _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
             output = gzip.compress(output)

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from fixtures.processes import free_port
 from fixtures.pull import instrument_pull_only, scrape, tiny_request
+from opentelemetry.sdk.metrics.export import NumberDataPoint
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -41,6 +44,7 @@ from prometheus_client.utils import floatToGoString
 
 import otelgpu
 from otelgpu import sim
+from otelgpu.otel import slicing
 from otelgpu.otel.prometheus_text import TextWriter
 from otelgpu.runtime.records import StepRecord
 
@@ -166,13 +170,19 @@ def test_metrics_text_writer_equals_prometheus_client_on_otelgpu_families(
         PROMETHEUS_3_ACCEPT,
     ],
 )
-def test_metrics_text_writer_negotiates_as_prometheus_client(accept: str | None) -> None:
+def test_metrics_text_writer_negotiates_as_prometheus_client(
+    accept: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
     families = awkward_families()
     registry = _registry(families)
     encoder, content_type = TextWriter().encoder(accept)
     their_encoder, their_type = choose_encoder(accept or "")
     assert content_type == their_type
-    assert encoder(registry) == their_encoder(registry)
+    with caplog.at_level(logging.WARNING, logger="otelgpu"):
+        assert encoder(registry) == their_encoder(registry)
+    # the first answer's check (prometheus_client's answer, written family by family)
+    # agreed: the writer keeps writing it
+    assert not any("differs from prometheus_client" in r.getMessage() for r in caplog.records)
 
 
 def test_metrics_text_writer_leaves_openmetrics_2_to_prometheus_client() -> None:
@@ -314,6 +324,153 @@ def test_metrics_pull_endpoint_concurrent_scrapes_each_get_every_series_once(
         assert len(bodies) == 2
         for body in bodies:
             assert _series(body) == expected
+
+
+def _points(n: int, keys: Callable[[int], dict[str, Any]]) -> list[NumberDataPoint]:
+    return [NumberDataPoint(keys(i), 0, 1_000 + i, float(i) / 3) for i in range(n)]
+
+
+def test_metrics_pull_translation_in_pieces_equals_the_exporters() -> None:
+    # A scrape translates the SDK's data one metric at a time, a metric with many points
+    # in pieces of POINTS_PER_SLICE when all its points have the same keys (the exporter
+    # makes a family's labels the union of its points' keys): the same families, labels,
+    # samples and order as the exporter's one call.
+    from opentelemetry.exporter.prometheus import _CustomCollector
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Gauge,
+        Histogram,
+        HistogramDataPoint,
+        Metric,
+        MetricsData,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otelgpu.otel.prometheus import POINTS_PER_SLICE, _metric_by_metric
+
+    per_gpu = _points(9 * POINTS_PER_SLICE, lambda i: {"hw.id": f"GPU-{i % 8}", "n": i})
+    mixed = _points(
+        3 * POINTS_PER_SLICE, lambda i: {"n": i} | ({"error.type": "x"} if i % 5 else {})
+    )
+    cumulative = AggregationTemporality.CUMULATIVE
+    histogram_points = [
+        HistogramDataPoint({"n": i}, 0, 1_000, 3, 6.0, (0, 1, 2), (1.0, 2.0), 0.5, 4.0)
+        for i in range(2 * POINTS_PER_SLICE + 1)
+    ]
+    metrics = [
+        Metric("gpu.util", "per GPU", "1", Gauge(per_gpu)),
+        Metric("requests", "", "{request}", Sum(mixed, cumulative, True)),
+        Metric("latency", "", "s", Histogram(histogram_points, cumulative)),
+        Metric("small", "", "By", Sum(_points(3, lambda i: {"n": i}), cumulative, False)),
+    ]
+    scopes = [ScopeMetrics(InstrumentationScope("otelgpu", "1"), metrics, "")]
+    data = MetricsData([ResourceMetrics(Resource.create({}), scopes, "")])
+    collector = _CustomCollector()
+    whole: dict[str, Any] = {}
+    collector._translate_to_prometheus(data, whole)
+    pieces: dict[str, Any] = {}
+    calls: list[int] = []
+
+    def translate(metrics_data: MetricsData, families: dict[str, Any]) -> None:
+        calls.append(1)
+        collector._translate_to_prometheus(metrics_data, families)
+
+    _metric_by_metric(translate)(data, pieces)
+    assert len(calls) == 9 + 1 + 3 + 1  # the mixed-keys metric whole
+    assert list(pieces) == list(whole)
+    for ours, theirs in zip(pieces.values(), whole.values(), strict=True):
+        assert (ours.name, ours.type, ours.documentation, ours.unit) == (
+            theirs.name, theirs.type, theirs.documentation, theirs.unit,
+        )  # fmt: skip
+        assert ours.samples == theirs.samples
+
+
+def test_metrics_pull_scrape_hands_the_gil_back_in_short_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A scrape of 8 GPUs is 15-20 ms of Python on the scrape's thread. In one piece it
+    # held the GIL against a busy host for a switch interval (5 ms) at a time; now it
+    # offers the GIL back between instruments, metrics (or pieces of one), sketch families
+    # and written families, as otelgpu's other background work does.
+    sim.activate("healthy-8xh100", clock="wall")
+    port = free_port()
+    handle = otelgpu.instrument(
+        exporters="prometheus",
+        prometheus_port=port,
+        frameworks="none",
+        metric_export_interval_ms=600_000,
+    )
+    try:
+        time.sleep(0.3)
+        for _ in range(50):
+            with otelgpu.step(samples=32):
+                pass
+            with otelgpu.request(model="m") as r:
+                r.first_token()
+                r.tokens(8)
+        url = f"http://127.0.0.1:{port}/metrics"
+        scrape(url, PROMETHEUS_3_ACCEPT)  # the first scrape checks the writer once
+        marks: list[float] = []
+
+        def record_pause() -> None:
+            # the scrape's own thread (socketserver's per-request thread), not the sampler's
+            if "process_request" in threading.current_thread().name:
+                marks.append(time.thread_time())
+
+        monkeypatch.setattr(slicing, "SLICE_S", 0.0)  # a chance to pause is a pause
+        monkeypatch.setattr(slicing, "pause", record_pause)
+        runs = []
+        for accept in (PROMETHEUS_3_ACCEPT, "text/plain;version=0.0.4", None):
+            marks.clear()
+            _, body = scrape(url, accept)
+            assert b"hw_gpu_utilization" in body or b"otelgpu_gpu" in body
+            slices = [b - a for a, b in itertools.pairwise(marks)]
+            runs.append((max(slices), marks[-1] - marks[0], len(marks)))
+    finally:
+        handle.shutdown()
+        sim.deactivate()
+    for worst, total, count in runs:
+        assert worst < total / 8, f"longest slice {worst * 1e3:.2f} ms of {total * 1e3:.2f} ms"
+        assert count > 100, count
+
+
+def test_metrics_registry_collected_by_the_host_neither_marks_nor_pauses_its_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Only a scrape of otelgpu's own endpoint is background work. The host's code may
+    # collect the same registry itself (its own server, a push job): the scrape's slicing
+    # (collection, translation, sketch families) does not pause its thread, and its thread
+    # is never left marked as otelgpu's (a marked host thread would wait for gaps between
+    # its own blocks). Observable callbacks still offer the GIL between observations on
+    # whatever thread collects, as they always have.
+    from prometheus_client import REGISTRY
+
+    from otelgpu.otel import host_work
+
+    with _pull_endpoint() as (_, runtime, url):
+        t0 = time.time_ns()
+        for i in range(5):
+            runtime.record_request(tiny_request(t0, 0.1 * (i + 1), False))
+        scrape(url, "text/plain;version=0.0.4")  # the endpoint's own scrape first
+        callers: list[str] = []
+
+        def record_pause() -> None:
+            callers.append(sys._getframe(2).f_code.co_name)  # who asked slicing.tick
+
+        monkeypatch.setattr(slicing, "SLICE_S", 0.0)  # a chance to pause is a pause
+        monkeypatch.setattr(slicing, "pause", record_pause)
+        families = list(REGISTRY.collect())
+        assert any(f.name == "gen_ai_server_request_duration_seconds" for f in families)
+        assert callers  # the observable callbacks' offers
+        assert "_tick" not in callers  # the scrape's own slicing: the endpoint's thread only
+        assert not host_work.is_background()
+        scrape(url, "text/plain;version=0.0.4")
+        assert "_tick" in callers  # the endpoint's scrape: sliced
+        assert not host_work.is_background()
 
 
 def _series(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:

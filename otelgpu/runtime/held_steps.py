@@ -123,10 +123,10 @@ def _pack(held: HeldStep) -> bytes | None:
             return None
         mask |= 1 << i
         values[i] = value
+    samples_value = 0 if samples is None else samples  # not ``or 0``: -0.0 stays -0.0
+    tokens_value = 0 if tokens is None else tokens
     return _PACKED.pack(
-        start, end, step,
-        samples_tag, samples or 0, tokens_tag, tokens or 0,
-        mask, *values,
+        start, end, step, samples_tag, samples_value, tokens_tag, tokens_value, mask, *values
     )  # fmt: skip
 
 

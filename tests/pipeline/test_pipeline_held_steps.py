@@ -3,6 +3,7 @@ late -- bounded in time and number, each step claimed or counted exactly once.""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from otelgpu.runtime.held_steps import HeldStep, HeldSteps
@@ -76,6 +77,7 @@ def test_held_steps_give_back_what_was_held_packed_or_not() -> None:
     usual = [
         HeldStep(StepRecord(0, 10 * MS - 1, step=1, samples=32), 1, 32, None, work, None),
         HeldStep(StepRecord(10 * MS, 20 * MS - 1), 2, 0.5, 4096, {}, Context()),
+        HeldStep(StepRecord(60 * MS, 70 * MS - 1), 7, -0.0, -0.0, {}, None),  # signs kept
     ]
     parent = SpanContext(trace_id=7, span_id=9, is_remote=False)
     unusual = [
@@ -86,16 +88,18 @@ def test_held_steps_give_back_what_was_held_packed_or_not() -> None:
     ]
     for step in usual + unusual:
         held.hold(step)
-    assert held.span() == (0, 60 * MS - 1)
-    claimed = held.claim([_Event(t * MS + 5 * MS, "GPU-a") for t in range(0, 60, 10)])
-    assert [h.step for h in claimed] == [1, 2, 3, 4, 5, 6]
-    assert claimed[2:] == unusual and all(a is b for a, b in zip(claimed[2:], unusual, strict=True))
-    first, second = claimed[:2]
+    assert held.span() == (0, 70 * MS - 1)
+    claimed = held.claim([_Event(t * MS + 5 * MS, "GPU-a") for t in range(0, 70, 10)])
+    assert [h.step for h in claimed] == [1, 2, 7, 3, 4, 5, 6]
+    assert claimed[3:] == unusual and all(a is b for a, b in zip(claimed[3:], unusual, strict=True))
+    first, second, third = claimed[:3]
+    assert third.samples is not None and third.tokens is not None
+    assert [math.copysign(1.0, x) for x in (third.samples, third.tokens)] == [-1.0, -1.0]
     assert (first.samples, type(first.samples), first.tokens) == (32, int, None)
     assert (second.samples, second.tokens, type(second.tokens)) == (0.5, 4096, int)
     assert first.work == work and second.work == {}
     assert first.parent is None and second.parent is None  # the root, as Context() was
-    for got, given in zip(claimed[:2], usual, strict=True):
+    for got, given in zip(claimed[:3], usual, strict=True):
         assert (got.record.start_ns, got.record.end_ns) == (
             given.record.start_ns,
             given.record.end_ns,

@@ -121,15 +121,14 @@ def test_metrics_text_writer_equals_prometheus_client_on_every_family_type(escap
         )
 
 
-@pytest.fixture
-def gpu_families() -> Iterator[list[Any]]:
-    """The families of a real endpoint with 8 simulated GPUs, steps and requests."""
-    from prometheus_client import REGISTRY
-
+@contextlib.contextmanager
+def _eight_gpu_endpoint(port: int = 0) -> Iterator[Any]:
+    """A real pull endpoint with 8 simulated GPUs after 50 steps and 50 requests: the
+    ``instrument()`` handle (shut down, and the simulator off, on exit)."""
     sim.activate("healthy-8xh100", clock="wall")
     handle = otelgpu.instrument(
         exporters="prometheus",
-        prometheus_port=0,
+        prometheus_port=port,
         frameworks="none",
         metric_export_interval_ms=600_000,
     )
@@ -141,10 +140,19 @@ def gpu_families() -> Iterator[list[Any]]:
             with otelgpu.request(model="m") as r:
                 r.first_token()
                 r.tokens(8)
-        yield list(REGISTRY.collect())
+        yield handle
     finally:
         handle.shutdown()
         sim.deactivate()
+
+
+@pytest.fixture
+def gpu_families() -> Iterator[list[Any]]:
+    """The families of a real endpoint with 8 simulated GPUs, steps and requests."""
+    from prometheus_client import REGISTRY
+
+    with _eight_gpu_endpoint():
+        yield list(REGISTRY.collect())
 
 
 def test_metrics_text_writer_equals_prometheus_client_on_otelgpu_families(
@@ -396,22 +404,8 @@ def test_metrics_pull_scrape_hands_the_gil_back_in_short_slices(
     # held the GIL against a busy host for a switch interval (5 ms) at a time; now it
     # offers the GIL back between instruments, metrics (or pieces of one), sketch families
     # and written families, as otelgpu's other background work does.
-    sim.activate("healthy-8xh100", clock="wall")
     port = free_port()
-    handle = otelgpu.instrument(
-        exporters="prometheus",
-        prometheus_port=port,
-        frameworks="none",
-        metric_export_interval_ms=600_000,
-    )
-    try:
-        time.sleep(0.3)
-        for _ in range(50):
-            with otelgpu.step(samples=32):
-                pass
-            with otelgpu.request(model="m") as r:
-                r.first_token()
-                r.tokens(8)
+    with _eight_gpu_endpoint(port):
         url = f"http://127.0.0.1:{port}/metrics"
         scrape(url, PROMETHEUS_3_ACCEPT)  # the first scrape checks the writer once
         marks: list[float] = []
@@ -430,9 +424,6 @@ def test_metrics_pull_scrape_hands_the_gil_back_in_short_slices(
             assert b"hw_gpu_utilization" in body or b"otelgpu_gpu" in body
             slices = [b - a for a, b in itertools.pairwise(marks)]
             runs.append((max(slices), marks[-1] - marks[0], len(marks)))
-    finally:
-        handle.shutdown()
-        sim.deactivate()
     for worst, total, count in runs:
         assert worst < total / 8, f"longest slice {worst * 1e3:.2f} ms of {total * 1e3:.2f} ms"
         assert count > 100, count

@@ -498,17 +498,26 @@ def _lost(data: dict[str, Any]) -> str:
     return f"{data['dropped']} ({detail})" if detail else str(data["dropped"])
 
 
-def own_walls(data: dict[str, Any]) -> list[float]:
-    """A pause run's step wall times (µs) less the time the OS gave the host's CPU to other
-    programs in each (:func:`outside_preemption`)."""
+#: A step that lost more than this to other programs (µs) is left out of a pause row.
+PREEMPTED_US = 100.0
+
+
+def own_steps(data: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """A pause run's step wall times and in-step gaps (µs), without the steps in which the
+    OS gave the host's CPU to other programs for more than ``PREEMPTED_US``
+    (:func:`outside_preemption`). Those are a few steps in tens of thousands, hit at random
+    on every side alike, so leaving them out biases no percentile; subtracting the time
+    instead would be wrong for a spinning step, whose loop absorbs a preemption in its
+    middle without getting longer."""
     outside = data.get("outside_us") or [0.0] * len(data["walls_us"])
-    return [w - o for w, o in zip(data["walls_us"], outside, strict=True)]
+    kept = [i for i, o in enumerate(outside) if o <= PREEMPTED_US]
+    return [data["walls_us"][i] for i in kept], [data["gaps_us"][i] for i in kept]
 
 
 def _preemptions(data: dict[str, Any]) -> str:
-    """The steps of a pause run in which the OS ran other programs for more than 100 µs on
-    the host's CPU, and the longest such time (µs)."""
-    hit = [o for o in data.get("outside_us", ()) if o > 100]
+    """The steps of a pause run left out by :func:`own_steps`, and the longest time the
+    OS gave other programs in one of them (µs)."""
+    hit = [o for o in data.get("outside_us", ()) if o > PREEMPTED_US]
     return f"{len(hit)} ({max(hit):.0f})" if hit else "0"
 
 
@@ -647,12 +656,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "Per step: wall time, and the longest gap the step's own spinning loop saw "
                 "(µs). Added = otelgpu (or the plain OTel span, one SDK span per step exported "
                 "by the same exporter: the reference) minus the bare loop at the same "
-                "percentile. The wall times leave out what the OS gave the host's CPU to "
-                "other programs while the host held the GIL and the benchmark's own threads "
-                "did not run (kernel threads such as `kdamond` and `kworker` on this VM, "
-                "other processes): 'preempted' counts the steps where that was over 100 µs "
-                "(the longest in brackets), on every side alike; an added max with such a "
-                "step in it shows the raw figure in brackets. The gap columns are raw.",
+                "percentile. Left out, on every side alike: the steps in which the OS gave "
+                "the host's CPU to other programs for over 100 µs while the host held the "
+                "GIL and the benchmark's own threads did not run (kernel threads such as "
+                "`kdamond` and `kworker` on this VM, other processes); 'preempted' counts "
+                "them (the longest such time in brackets), and an added max that moved "
+                "shows the figure with them in brackets.",
                 "",
                 "| scenario | exporter | steps | wall p50 | wall p99 | wall p99.9 | wall max "
                 "| gap p99 | gap max | added p99 | added max | preempted | lost "
@@ -686,17 +695,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                             )
                         )
                 bare, reference, ours = (
-                    min(runs[side], key=lambda r: _pct(own_walls(r), 0.99)) for side in runs
+                    min(runs[side], key=lambda r: _pct(own_steps(r)[0], 0.99)) for side in runs
                 )
                 for label, data in (
                     ("bare", bare),
                     ("plain OTel span", reference),
                     ("otelgpu", ours),
                 ):
-                    w, g = own_walls(data), data["gaps_us"]
+                    w, g = own_steps(data)
                     added = ("", "")
                     if label != "bare":
-                        bw = own_walls(bare)
+                        bw = own_steps(bare)[0]
                         raw = max(data["walls_us"]) - max(bare["walls_us"])
                         added_max = max(w) - max(bw)
                         added = (

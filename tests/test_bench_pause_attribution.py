@@ -104,3 +104,22 @@ def test_a_quiet_step_has_nothing_outside() -> None:
     assert bench.outside_preemption(
         4e-3, host_cpu_s=1e-3, others_cpu_s=1e-3, preempted=1, waited=0
     ) == pytest.approx(2e-3)
+
+
+def test_a_row_leaves_out_only_the_steps_other_programs_took() -> None:
+    bench = _bench()
+    run = {
+        "walls_us": [100.0, 4200.0, 130.0, 900.0],
+        "gaps_us": [20.0, 4100.0, 25.0, 800.0],
+        # step 1: 4 ms to a kernel thread; step 3: a long step of otelgpu's own (a GIL wait)
+        "outside_us": [0.0, 4050.0, 60.0, 0.0],
+    }
+    walls, gaps = bench.own_steps(run)
+    assert walls == [100.0, 130.0, 900.0]
+    assert gaps == [20.0, 25.0, 800.0]
+    assert bench._preemptions(run) == "1 (4050)"
+    # A run measured without the attribution keeps every step.
+    assert bench.own_steps({"walls_us": [1.0, 2.0], "gaps_us": [0.5, 0.5]}) == (
+        [1.0, 2.0],
+        [0.5, 0.5],
+    )

@@ -44,7 +44,7 @@ from prometheus_client.utils import floatToGoString
 
 import otelgpu
 from otelgpu import sim
-from otelgpu.otel import slicing
+from otelgpu.otel import prometheus_text, slicing
 from otelgpu.otel.prometheus_text import TextWriter
 from otelgpu.runtime.records import StepRecord
 
@@ -222,6 +222,59 @@ def test_metrics_text_writer_that_differs_is_caught_on_first_scrape(
         second = encoder(registry)
     assert first == second == generate_latest(registry)
     assert sum("differs from prometheus_client" in r.getMessage() for r in caplog.records) == 1
+
+
+def _many_series() -> list[Any]:
+    """Families of 10 series each (pieces for the first scrape's check), one with
+    ``_created`` samples, which the text format gathers at its family's end."""
+    gauge = GaugeMetricFamily("gpu_temp", "Temperature", labels=["gpu", "uuid"])
+    created = CounterMetricFamily("gpu_errors", "Errors", labels=["gpu"])
+    for i in range(10):
+        gauge.add_metric([str(i), f"GPU-{i:08x}"], 30.0 + i)
+        created.add_metric([str(i)], float(i), created=1700000000.0 + i)
+    return [gauge, created]
+
+
+@pytest.mark.parametrize(
+    ("accept", "kind"), [("text/plain;version=0.0.4", "text"), (PROMETHEUS_3_ACCEPT, "openmetrics")]
+)
+def test_metrics_text_writer_check_writes_theirs_in_pieces(
+    accept: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first scrape's check writes prometheus_client's answer a few samples at a time
+    # (a GPU family of 8 GPUs' series was one 1.8 ms stretch of their Python), and gives
+    # the same verdict and bytes as their whole answer -- also where the pieces cannot
+    # give their bytes (``_created`` samples): then it asks for the whole answer again.
+    ticks: list[int] = []
+    monkeypatch.setattr(slicing.Slicer, "tick", lambda self: ticks.append(1))
+    families = [*_many_series(), *awkward_families()]
+    registry = _registry(families)
+    writer = TextWriter()
+    encoder, _ = writer.encoder(accept)
+    their, _ = choose_encoder(accept)
+    with monkeypatch.context() as patch:
+        checked: list[bytes] = []
+        pieced = prometheus_text._theirs_in_slices
+
+        def spy(*args: Any) -> bytes:
+            checked.append(pieced(*args))
+            return checked[-1]
+
+        patch.setattr(prometheus_text, "_theirs_in_slices", spy)
+        first = encoder(registry)
+    assert first == encoder(registry) == their(registry)
+    assert writer._verified == {(kind, "underscores"): True}
+    # at least one hand-back per piece: 3 for each family of 10 series
+    per_piece = prometheus_text.THEIR_SAMPLES_PER_TICK
+    assert len(ticks) >= sum(max(1, -(-len(f.samples) // per_piece)) for f in families)
+    # The text format gathers the _created lines at the family's end: the pieces differ
+    # there (and the whole answer decided); OpenMetrics keeps them in place.
+    assert (checked[0] == their(registry)) is (kind == "openmetrics")
+    # A family like otelgpu's (metadata, then one line per sample): pieced == whole.
+    gauge_only = list(_registry(_many_series()[:1]).collect())
+    assert prometheus_text._theirs_in_slices(their, gauge_only, kind) == their(
+        _registry(gauge_only)
+    )
 
 
 def test_metrics_text_writer_cache_is_bounded() -> None:

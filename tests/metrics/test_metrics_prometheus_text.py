@@ -44,7 +44,7 @@ from prometheus_client.utils import floatToGoString
 
 import otelgpu
 from otelgpu import sim
-from otelgpu.otel import prometheus_text, slicing
+from otelgpu.otel import host_work, prometheus_text, slicing
 from otelgpu.otel.prometheus_text import TextWriter
 from otelgpu.runtime.records import StepRecord
 
@@ -246,7 +246,7 @@ def test_metrics_text_writer_check_writes_theirs_in_pieces(
     # the same verdict and bytes as their whole answer -- also where the pieces cannot
     # give their bytes (``_created`` samples): then it asks for the whole answer again.
     ticks: list[int] = []
-    monkeypatch.setattr(slicing.Slicer, "tick", lambda self: ticks.append(1))
+    monkeypatch.setattr(slicing, "tick", lambda: ticks.append(1))
     families = [*_many_series(), *awkward_families()]
     registry = _registry(families)
     writer = TextWriter()
@@ -261,12 +261,17 @@ def test_metrics_text_writer_check_writes_theirs_in_pieces(
             return checked[-1]
 
         patch.setattr(prometheus_text, "_theirs_in_slices", spy)
-        first = encoder(registry)
+        with host_work.background():  # as on otelgpu's endpoint
+            first = encoder(registry)
+        after_check = len(ticks)
     assert first == encoder(registry) == their(registry)
     assert writer._verified == {(kind, "underscores"): True}
-    # at least one hand-back per piece: 3 for each family of 10 series
+    # a chance to hand the GIL back per piece of the check (3 for each family of 10
+    # series) and per family written
     per_piece = prometheus_text.THEIR_SAMPLES_PER_TICK
-    assert len(ticks) >= sum(max(1, -(-len(f.samples) // per_piece)) for f in families)
+    pieces = sum(max(1, -(-len(f.samples) // per_piece)) for f in families)
+    assert after_check >= pieces + len(families)
+    assert len(ticks) == after_check  # a thread of the host's own is never paused
     # The text format gathers the _created lines at the family's end: the pieces differ
     # there (and the whole answer decided); OpenMetrics keeps them in place.
     assert (checked[0] == their(registry)) is (kind == "openmetrics")
@@ -275,6 +280,26 @@ def test_metrics_text_writer_check_writes_theirs_in_pieces(
     assert prometheus_text._theirs_in_slices(their, gauge_only, kind) == their(
         _registry(gauge_only)
     )
+
+
+def test_metrics_text_writer_goes_on_with_the_scrapes_slice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The writer runs right after the scrape's collection, on the same thread: it must not
+    # start a slice of its own (it held the GIL for the rest of the collection's slice and
+    # then a whole one more: 1.2-1.9 ms stretches against a busy host).
+    pauses: list[float] = []
+    monkeypatch.setattr(slicing, "pause", lambda: pauses.append(time.thread_time()))
+    family = GaugeMetricFamily("g", "", labels=["id"])
+    family.add_metric(["0"], 1.0)
+    writer = TextWriter()
+    with host_work.background():
+        # the collection used the thread's slice up just before
+        slicing._local.cpu = time.thread_time() - 10 * slicing.SLICE_S
+        slicing._local.end = 0.0
+        out = writer.write([family])
+    assert out == generate_latest(_registry([family]))
+    assert pauses  # handed the GIL back at once
 
 
 def test_metrics_text_writer_cache_is_bounded() -> None:

@@ -29,7 +29,11 @@ p50/p99/p99.9/max and the added pause over the bare loop at p99 and max (targets
 and 2 ms), for otelgpu and, as the reference in the same run, for one plain SDK span per
 step exported by the same exporter (what any span costs the host on this machine). Each
 scenario runs ``--repeats`` times per side, interleaved; the run with the lowest p99 is
-kept for each side.
+kept for each side. Left out of every side alike, and counted in a column of their own:
+the steps in which the OS gave the host's CPU to other programs (a kernel thread, another
+process) for over 100 µs while the host held the GIL and the process's own threads did
+not run (:func:`outside_preemption`; on this VM ``kdamond`` and ``kworker`` threads take a
+spinning thread's CPU for ~4 ms a few times a minute, in bare loops too).
 
 Writes ``benchmarks/results/export.md``. Run: ``python benchmarks/bench_export.py``
 (``OTELGPU_NO_EXTENSIONS=1`` for the pure-Python twin; ``--quick`` for a short run;

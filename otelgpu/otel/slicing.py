@@ -26,10 +26,16 @@ thread (or another of otelgpu's) takes the GIL back before the host ran at all -
 the host waits for the next slice, or for the switch interval. So :func:`pause` watches
 the host (the main thread) on Linux: it keeps sleeping, ``YIELD_S`` at a time and at most
 ``MAX_WAIT_S`` in all, while the main thread is runnable (state ``R`` in
-``/proc/self/task/<tid>/stat``, i.e. woken, waiting for a CPU) and its CPU clock
-(``pthread_getcpuclockid``) has not moved since the pause began. A main thread that is
-blocked (sleeping, waiting on I/O or a GPU) or that ran is not waited for. Only otelgpu's
-own threads sleep; nothing in the interpreter (switch interval) or the host changes.
+``/proc/self/task/<tid>/stat``, i.e. running or woken and waiting for a CPU) and its CPU
+clock (``pthread_getcpuclockid``) has not yet moved ``HOST_TURN_S`` past the latest
+hand-back of *any* of otelgpu's threads. That is the host's turn: when one thread hands the
+GIL back, another of otelgpu's threads waiting for the GIL (the scrape, the metric reader,
+the span exporter) may get it instead of the host, and a busy host then waited for two or
+three slices in a row at one switch (2-3 ms gaps in a 100 µs step while Prometheus
+scraped 8 GPUs); now such a thread finds the host's turn not run and sleeps again at once.
+A main thread that is blocked (sleeping, waiting on I/O or a GPU) is not waited for. Only
+otelgpu's own threads sleep; nothing in the interpreter (switch interval) or the host
+changes.
 
 During :func:`draining` (otelgpu's shutdown: the host is waiting for the final flush, which
 ``shutdown_timeout_ms`` bounds) :func:`pause` hands nothing back: paced, a final collection
@@ -63,6 +69,13 @@ YIELD_S = 0.0001
 MAX_WAIT_S = 0.002
 #: Largest random extra of a hand-back's first sleep (seconds; module docstring).
 JITTER_S = 0.001
+#: The host's CPU time between the latest hand-back of any of otelgpu's threads and the
+#: next slice of any of them (seconds; module docstring).
+HOST_TURN_S = 0.0005
+_HOST_TURN_NS = int(HOST_TURN_S * 1e9)
+#: The host's CPU clock (ns) at the latest hand-back of any of otelgpu's threads. Written
+#: without a lock: a lost update only moves one turn's start.
+_handed_at = 0
 
 
 class _Host:
@@ -159,6 +172,7 @@ _jitter = random.Random().random  # its own generator: the application's seed st
 
 
 def _hand_over() -> None:
+    global _handed_at
     if threading.current_thread() is threading.main_thread():
         _sleep(YIELD_S)
         return
@@ -168,15 +182,19 @@ def _hand_over() -> None:
         _sleep(first)
         return
     try:
-        before = host.cpu_ns()
+        _handed_at = host.cpu_ns()
         deadline = time.perf_counter() + first + MAX_WAIT_S
         _sleep(first)
-        if host.cpu_ns() != before or not host.runnable():
+        ran = host.cpu_ns()
+        if ran - _handed_at >= _HOST_TURN_NS or not host.runnable():
             return
-        # Runnable and not yet run: it stays so until it runs (it cannot block without
-        # running), so only its clock is polled from here (cheap; /proc is ~10 µs).
-        while host.cpu_ns() == before and time.perf_counter() < deadline:
+        # Runnable and its turn not yet run: poll its clock (cheap; /proc is ~10 µs), and
+        # its state only when the clock stood still over a sleep (it may have blocked).
+        while time.perf_counter() < deadline:
             _sleep(YIELD_S)
+            before, ran = ran, host.cpu_ns()
+            if ran - _handed_at >= _HOST_TURN_NS or (ran == before and not host.runnable()):
+                return
     except OSError:  # the main thread ended (interpreter exit): nothing to wait for
         _sleep(YIELD_S)
 

@@ -182,12 +182,16 @@ def test_sliced_collection_exports_what_the_sdk_collects() -> None:
 
 
 class _FakeHost:
-    def __init__(self, *, runnable: bool, ran: bool) -> None:
+    """A main thread that is runnable or not and, when it ``ran``, runs ``step_ns`` of CPU
+    between two readings of its clock (by default a whole turn)."""
+
+    def __init__(self, *, runnable: bool, ran: bool, step_ns: int | None = None) -> None:
         self._runnable, self._ran, self._cpu = runnable, ran, 0
+        self.step_ns = slicing._HOST_TURN_NS if step_ns is None else step_ns
 
     def cpu_ns(self) -> int:
         if self._ran:
-            self._cpu += 1
+            self._cpu += self.step_ns
         return self._cpu
 
     def runnable(self) -> bool:
@@ -220,6 +224,33 @@ def test_pause_waits_only_for_a_runnable_host_that_did_not_run(
         assert elapsed < 10  # bounded: it stopped at its deadline (MAX_WAIT_S)
     else:
         assert len(sleeps) == 1
+
+
+def test_pause_leaves_the_host_its_turn_after_another_threads_hand_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When one of otelgpu's threads hands the GIL back, another one waiting for the GIL may
+    get it instead of the host: a background thread coming back from its own hand-back then
+    sleeps on until the host ran ``HOST_TURN_S`` past the latest hand-back of any thread,
+    not just past its own (a busy host waited for two or three slices in a row)."""
+    host = _FakeHost(runnable=True, ran=True, step_ns=slicing._HOST_TURN_NS // 10)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if not sleeps:  # another thread hands back while this one sleeps
+            host.cpu_ns()
+            host.cpu_ns()
+            slicing._handed_at = host.cpu_ns()
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(slicing, "_current_host", lambda: host)
+    monkeypatch.setattr(slicing, "_sleep", sleep)
+    worker = threading.Thread(target=slicing.pause)
+    worker.start()
+    worker.join()
+    # a tenth of a turn per clock reading: about ten more sleeps before the turn is run
+    assert len(sleeps) >= 9
+    assert all(s == slicing.YIELD_S for s in sleeps[1:])
 
 
 def test_background_hand_backs_start_at_random_points(monkeypatch: pytest.MonkeyPatch) -> None:

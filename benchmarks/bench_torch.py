@@ -36,11 +36,20 @@ background thread drops the steps: nothing recorded or exported), paired with pl
 same way: how much of the overhead is the training
 thread's own hooks and how much the background work (results in ``*-hooks.md``).
 
-The paired median comes with a 95 % bootstrap interval (resampled repetitions, fixed
-seed): an overhead is "shown" under ``--target`` only when the whole interval is below
-it, a line the report states either way.
+Each repetition is long enough by default (``--steps 0``: ``--settle`` steps plus
+:data:`STEADY_DRAINS` background drain intervals at the plain step time measured in the
+warm-up) for the background step thread to drain the queued steps at least twice inside
+the steady state, as it does all through a real run; the start-up (``--settle``, default
+:data:`SETTLE`) covers the step rule's warm-up.
 
-Run: ``.venv/bin/python benchmarks/bench_torch.py`` (about 20 s). Writes
+The paired median comes with a 95 % bootstrap interval (resampled repetitions, fixed
+seed), and so does the paired trimmed mean (each repetition's steady steps less the 2 %
+longest and shortest, the flushed last step left out): the median is robust to load
+bursts of the shared machine, but blind to work that lands on a minority of steps (the
+background drains); the trimmed mean counts it. An overhead is "shown" under ``--target``
+only when both whole intervals are below it, a line the report states either way.
+
+Run: ``.venv/bin/python benchmarks/bench_torch.py`` (about 2 minutes). Writes
 ``benchmarks/results/torch.md``; exits 1 if the overhead is ``--target`` (default 2 %;
 the export run of the README passes 1 %) or more.
 """
@@ -49,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import platform
 import random
@@ -69,6 +79,20 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "torch.md"
 TARGET = 0.02
+
+#: Default ``--settle``: the start-up of each instrumented repetition -- the phase and FLOP
+#: discovery (steps 0-1), the step rule's warm-up (``StepTracker``'s 16 optimizer steps:
+#: no step is emitted before, and at its decision the buffered steps go out at once) and
+#: the one FLOP-counted step right after it. Steps 15-17 cost +100 to +400 µs each; counted
+#: in the steady state (a settle of 5, until stop 48) they moved its median.
+SETTLE = 20
+
+#: Default steady state of a repetition (``--steps 0``), seconds: at least two of the
+#: background step thread's drains (every ``WORKER_INTERVAL_S``, the first one that long
+#: after the first step is handed over) fall inside it. Repetitions of 40 steps (~0.2 s,
+#: until stop 48) ended before any drain, so their steps never met the background work
+#: (it all ran in the closing ``flush()``, outside the median).
+STEADY_DRAINS = 2.4
 
 #: glibc ``mallopt`` parameters: ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD``.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -180,11 +204,22 @@ def _setup(hidden: int, batch: int, steps: int, layers: int = 1) -> tuple[Any, A
         blocks += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
     model = torch.nn.Sequential(*blocks, torch.nn.Linear(hidden, 10))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, opt, _loader(steps, batch)
+
+
+def _loader(steps: int, batch: int) -> Any:
+    """A DataLoader of ``steps`` random batches of ``batch`` 256-feature rows."""
     ds = torch.utils.data.TensorDataset(
         torch.randn(steps * batch, 256), torch.randint(0, 10, (steps * batch,))
     )
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False)
-    return model, opt, loader
+    return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False)
+
+
+def trimmed_mean(values: Sequence[float], share: float = 0.02) -> float:
+    """The mean of ``values`` less the ``share`` largest and the ``share`` smallest."""
+    ordered = sorted(values)
+    cut = int(len(ordered) * share)
+    return statistics.fmean(ordered[cut : len(ordered) - cut])
 
 
 def loop_parser(doc: str, reps: int, steps: int) -> argparse.ArgumentParser:
@@ -303,6 +338,17 @@ def median_interval(
     medians = sorted(statistics.median(rng.choices(data, k=len(data))) for _ in range(resamples))
     tail = (1 - level) / 2
     return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def mean_interval(
+    values: Sequence[float], level: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """A bootstrap interval of the mean of ``values`` (as :func:`median_interval`)."""
+    rng = random.Random(seed)
+    data = list(values)
+    means = sorted(statistics.fmean(rng.choices(data, k=len(data))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return means[int(tail * resamples)], means[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def verdict(interval: tuple[float, float], target: float) -> str:
@@ -441,13 +487,14 @@ def _callgrind(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = loop_parser(__doc__, reps=40, steps=40)
+    parser = loop_parser(__doc__, reps=40, steps=0)
     parser.add_argument(
         "--settle",
         type=int,
-        default=5,
+        default=SETTLE,
         help="first steps of every repetition (both modes) left out of the steady-state "
-        "figures and reported as the start-up cost of instrument()",
+        "figures and reported as the start-up cost of instrument() (default: past the step "
+        "rule's warm-up and the FLOP-counted step)",
     )
     parser.add_argument(
         "--layers", type=int, default=1, help="hidden-to-hidden layers of the MLP (2: ~5 ms)"
@@ -523,11 +570,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             receiver.wait()
 
 
-def _hooks_only_lines(rep_median: dict[str, list[float]], plain: float) -> list[str]:
+def _hooks_only_lines(
+    rep_median: dict[str, list[float]], rep_trimmed: dict[str, list[float]], plain: float
+) -> list[str]:
     """The ``--hooks-only`` paragraph: that mode paired with plain as the instrumented mode
     is, and the share of the instrumented mode's paired median it makes (empty without)."""
     if HOOKS_ONLY not in rep_median:
         return []
+    trimmed = [
+        (h - p) * 1e6 for h, p in zip(rep_trimmed[HOOKS_ONLY], rep_trimmed["plain"], strict=True)
+    ]
     hooks = sorted(
         (h - p) * 1e6 for h, p in zip(rep_median[HOOKS_ONLY], rep_median["plain"], strict=True)
     )
@@ -547,7 +599,9 @@ def _hooks_only_lines(rep_median: dict[str, list[float]], plain: float) -> list[
         "as instrumented; the background thread drops the steps: no span, metric or "
         "export): paired with plain as above, median "
         f"**{_pct(hooks, 0.5):+.1f} µs** ({_pct(hooks, 0.5) / (plain * 1e4):+.2f} %), 95 % "
-        f"bootstrap interval {low:+.1f} to {high:+.1f} µs: {share}; the rest is the "
+        f"bootstrap interval {low:+.1f} to {high:+.1f} µs: {share}; paired trimmed mean "
+        f"{statistics.fmean(trimmed):+.1f} µs "
+        f"({statistics.fmean(trimmed) / (plain * 1e4):+.2f} %). The rest is the "
         "background work (the "
         "telemetry thread's Python, which the training thread waits for when it needs the "
         "GIL back from a torch op, and the export).",
@@ -562,8 +616,14 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         if args.export is None
         else _exporting_runtime(args.export, args.step_spans_per_second)
     )
-    model, opt, loader = _setup(args.hidden, args.batch, args.steps, args.layers)
-    _epoch(model, opt, loader)  # warm-up: allocator, AdamW state
+    model, opt, loader = _setup(args.hidden, args.batch, args.steps or 40, args.layers)
+    warm_steps, _cpu = _epoch(model, opt, loader)  # warm-up: allocator, AdamW state
+    if args.steps <= 0:  # long enough for the background drains (STEADY_DRAINS)
+        from otelgpu.instrumentation.torch._step_queue import WORKER_INTERVAL_S
+
+        step_s = statistics.median(warm_steps[len(warm_steps) // 2 :])
+        args.steps = args.settle + math.ceil(STEADY_DRAINS * WORKER_INTERVAL_S / step_s)
+        loader = _loader(args.steps, args.batch)
     inst = TorchInstrumentor()
     options = {} if args.span_every is None else {"span_every": args.span_every}
     inst.instrument(runtime=runtime, **options)
@@ -581,6 +641,9 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     # Per repetition: the mean of its steady-state steps, the flush included (the
     # background thread's work and the export, charged to the last step).
     rep_mean: dict[str, list[float]] = {mode: [] for mode in modes}
+    # Per repetition: the trimmed mean of its steady-state steps, the flushed last one left
+    # out (the paired trimmed mean: what the median cannot see, see the module docstring).
+    rep_trimmed: dict[str, list[float]] = {mode: [] for mode in modes}
     faults: dict[str, int] = dict.fromkeys(modes, 0)
     for rep in range(args.reps):
         # each mode first and last equally often (two modes: they alternate)
@@ -610,6 +673,7 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                 times[mode].extend(steps[settle:])
                 rep_median[mode].append(statistics.median(steps[settle:]))
                 rep_mean[mode].append(statistics.fmean(steps[settle:]))
+                rep_trimmed[mode].append(trimmed_mean(steps[settle:-1]))
                 cpu[mode] += cpu_steady
             finally:
                 if mode != "plain":
@@ -623,6 +687,10 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     instrumented = statistics.median(times["instrumented"])
     paired = sorted(
         (i - p) * 1e6 for i, p in zip(rep_median["instrumented"], rep_median["plain"], strict=True)
+    )
+    paired_trimmed = sorted(
+        (i - p) * 1e6
+        for i, p in zip(rep_trimmed["instrumented"], rep_trimmed["plain"], strict=True)
     )
     paired_mean = sorted(
         (i - p) * 1e6 for i, p in zip(rep_mean["instrumented"], rep_mean["plain"], strict=True)
@@ -644,8 +712,10 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     )
     expected_steps = (args.reps + 1) * args.steps
     parts = _components(runtime)
-    ok = overhead < args.target and steps_recorded == expected_steps
     low_us, high_us = median_interval(paired)
+    t_low, t_high = mean_interval(paired_trimmed)
+    shown = max(high_us, t_high) / (plain * 1e6)
+    ok = shown < args.target and steps_recorded == expected_steps
     counted: list[str] = []
     if args.callgrind_steps:
         child_argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write"]
@@ -742,7 +812,19 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         f"bootstrap interval of that median {low_us:+.1f} to {high_us:+.1f} µs "
         f"({low_us / (plain * 1e4):+.2f} to {high_us / (plain * 1e4):+.2f} %): "
         f"{verdict((low_us / (plain * 1e6), high_us / (plain * 1e6)), args.target)}.",
-        *_hooks_only_lines(rep_median, plain),
+        "",
+        "Paired trimmed mean (each repetition's steady steps less the 2 % longest and "
+        "shortest, its flushed last step left out; instrumented minus plain, averaged over "
+        "the repetitions: it counts the background drains, which land on a minority of "
+        f"steps and which the median does not see): **{statistics.fmean(paired_trimmed):+.1f} "
+        f"µs** ({statistics.fmean(paired_trimmed) / (plain * 1e4):+.2f} %), 95 % bootstrap "
+        f"interval {t_low:+.1f} to {t_high:+.1f} µs ({t_low / (plain * 1e4):+.2f} to "
+        f"{t_high / (plain * 1e4):+.2f} %): "
+        f"{verdict((t_low / (plain * 1e6), t_high / (plain * 1e6)), args.target)}.",
+        "",
+        f"**Verdict: {verdict((min(low_us, t_low) / (plain * 1e6), shown), args.target)}** "
+        "(both intervals; the larger upper bound decides).",
+        *_hooks_only_lines(rep_median, rep_trimmed, plain),
         "",
         "**Mean step, the flush included** (an upper bound: the median leaves out the last "
         "step of each repetition, which carries a synchronous `flush()` -- the background "
@@ -766,7 +848,8 @@ def _measure(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         "",
         f"Start-up, once per `instrument()`: **{startup_ms:+.1f} ms** (median over the "
         f"repetitions of `instrument()` plus the first {settle} steps, minus the same steps "
-        "plain): the one-off discovery of the model's phases and its FLOP count.",
+        "plain): the one-off discovery of the model's phases, the step rule's warm-up and "
+        "the FLOP count.",
         "",
         "Steady-state process CPU time per step (all threads): "
         f"plain {cpu_step['plain'] * 1e3:.3f} ms, "

@@ -54,6 +54,11 @@ from opentelemetry.util.types import AttributeValue
 from otelgpu.sketch import _codec, _config, _mapping, _otlp
 from otelgpu.sketch._state import SketchState
 
+_frexp, _floor, _log = math.frexp, math.floor, math.log
+#: The values ``add`` maps inline: above the smallest normal float (smaller ones have a
+#: bucket of their own) and below 2**1000 (far from the clamp at the largest bucket).
+_FAST_MIN, _FAST_MAX = _mapping.MIN_NORMAL_VALUE, 2.0**1000
+
 __all__ = ["QuantileSketch"]
 
 _FLOAT_BUFFER_FORMATS = ("d", "<d", "=d", "@d")
@@ -185,6 +190,29 @@ class QuantileSketch:
 
     def add(self, value: float) -> None:
         """Count one value. NaN, +-inf and non-numbers are counted in ``rejected``."""
+        # The usual value -- a positive normal float, not a power of two, at a positive
+        # scale -- inlined: the bucket of ``_mapping.map_to_index`` and the update of
+        # ``_Store.add`` for an index inside the kept range, without their calls (this is
+        # the pure twin's per-measurement cost on the host's thread, ~35 % of it).
+        if type(value) is float and _FAST_MIN < value < _FAST_MAX and _frexp(value)[0] != 0.5:
+            with self._lock:
+                if self._scale > 0:
+                    index = _floor(_log(value) * self._factor)
+                    pos = self._pos
+                    if pos.total and pos.lo <= index <= pos.hi:
+                        counts = pos.counts
+                        counts[index] = counts.get(index, 0) + 1
+                        pos.total += 1
+                    else:
+                        pos.add(index)
+                    self._sum += value
+                    if value < self._min:
+                        self._min = value
+                    if value > self._max:
+                        self._max = value
+                    return
+                self._add_locked(value)
+            return
         x = _to_float(value)
         with self._lock:
             if x is None:

@@ -127,6 +127,11 @@ def install_wrappers() -> None:
     from otelgpu.otel import fast_export
 
     wrap(fast_export.EncodedSpanExporter, "export_encoded", "span export_encoded (send)")
+    from otelgpu.otel import deferred
+    from otelgpu.runtime import steps
+
+    wrap(deferred.DeferredWork, "_run", "deferred work (all queued)")
+    wrap(steps.StepRecorder, "finish", "step finish (span, GPU context, metrics)")
     from otelgpu.sampler import _core_py
 
     # The pure-Python sampler's round (the native core runs without the GIL).

@@ -4,7 +4,9 @@ Both work with or without ``instrument()`` (without it they only time). They are
 thread- and asyncio-safe: the span is made current through OpenTelemetry's
 contextvars-based context, and all per-call state lives on the object the ``with``
 statement returns. Neither raises into the application; an exception from the ``with``
-body is recorded on the span and re-raised untouched.
+body is recorded on the span and re-raised untouched. A block of 2 ms or more is finished
+(GPU context, attributes, metrics, the span's end at the block's end time) on otelgpu's
+deferred thread rather than in the host's exit (``otelgpu.runtime.deferral``).
 """
 
 from __future__ import annotations
@@ -157,7 +159,8 @@ class StepContext(_SpanScope):
         return runtime.start_step_span(StepRecord(self._start_ns, self._start_ns))
 
     def _finish(self, runtime: Runtime, span: trace.Span, exc: BaseException | None) -> None:
-        runtime.finish_step(
+        # steps of 2 ms or more finish on the deferred thread (otelgpu.runtime.deferral)
+        runtime.step_finisher.finish(
             span,
             StepRecord(
                 self._start_ns,
@@ -169,6 +172,7 @@ class StepContext(_SpanScope):
                 failed=exc,
                 flops=self.flops,
             ),
+            failed=exc is not None,
         )
 
 
@@ -333,7 +337,8 @@ class RequestContext(_SpanScope):
         queue_time_s = self._queue_time_s
         if queue_time_s is None and self._scheduled_ns is not None:
             queue_time_s = (self._scheduled_ns - self._start_ns) / 1e9
-        runtime.finish_request(
+        # requests of 2 ms or more finish on the deferred thread (otelgpu.runtime.deferral)
+        runtime.request_finisher.finish(
             span,
             self._record(
                 self.end_ns or self._start_ns,
@@ -348,6 +353,7 @@ class RequestContext(_SpanScope):
                 response_id=self._response_id,
                 response_model=self._response_model,
             ),
+            failed=exc is not None,
         )
 
 

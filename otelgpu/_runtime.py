@@ -39,6 +39,7 @@ from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.deferred import DeferredWork
 from otelgpu.otel.sketches import SketchHistogram, SketchRegistry
 from otelgpu.otel.stats import InternalStats
+from otelgpu.runtime.deferral import Finisher
 from otelgpu.runtime.gpu import GpuContext
 from otelgpu.runtime.health import HealthMonitor
 from otelgpu.runtime.recorder import Parts
@@ -129,6 +130,15 @@ class Runtime:
         self.steps = StepRecorder(parts)
         self.requests = RequestRecorder(
             parts, attribute_value_length_limit=settings.attribute_value_length_limit
+        )
+        #: ``otelgpu.step()`` / ``otelgpu.request()``'s finish: blocks of 2 ms or more on
+        #: the deferred thread (``otelgpu.runtime.deferral``) where otelgpu's own
+        #: pipeline, which drains it on every flush, carries the spans
+        owned = own_spans and pipeline is not None and pipeline.owns_tracer_provider
+        finish_later = self.deferred if owned else None
+        self.step_finisher: Finisher[StepRecord] = Finisher(finish_later, self.steps.finish)
+        self.request_finisher: Finisher[RequestRecord] = Finisher(
+            finish_later, self.requests.finish
         )
         if sampler is not None:
             self.instrument(catalog.GPU_HEALTH_EVENTS, self.health.observe)

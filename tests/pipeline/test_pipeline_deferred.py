@@ -103,3 +103,30 @@ def test_a_forked_child_runs_its_own_first_submit_not_the_parents_queue() -> Non
     work.drain()
     work.close()
     assert done == ["parent"]
+
+
+def test_the_thread_hands_back_before_an_item_would_overrun_its_slice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Items of 0.2 ms against a 0.3 ms slice: a hand-back between every two, none after
+    the last (two in a row would hold the GIL for 0.4 ms)."""
+    from otelgpu.otel import deferred, slicing
+
+    events: list[str] = []
+    monkeypatch.setattr(slicing, "pause", lambda: events.append("pause"))
+    monkeypatch.setattr(deferred, "SLICE_S", 0.0003)
+    work = DeferredWork(InternalStats(), where="t", interval_s=3600.0)
+
+    def item(i: int) -> None:
+        end = time.perf_counter() + 0.0002
+        while time.perf_counter() < end:
+            pass
+        events.append(f"item {i}")
+
+    with work._run_lock:  # the thread cannot take them first
+        for i in range(5):
+            work.submit(item, i)
+    work._run(yielding=True)  # what the thread does
+    work.close()
+    assert events == ["item 0", "pause", "item 1", "pause", "item 2", "pause", "item 3",
+                      "pause", "item 4"]  # fmt: skip

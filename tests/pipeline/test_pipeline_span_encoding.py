@@ -360,6 +360,7 @@ def test_native_span_json_equals_the_twin_on_otelgpu_spans(sim_gpu: Any) -> None
         with otelgpu.request(model="m", attributes={"tenant": f"t{i}"}) as r:
             r.first_token()
             r.tokens(4)
+    handle.force_flush()  # the 50 ms steps finish on the deferred thread
     spans = list(exporter.get_finished_spans())
     assert len(spans) == 6
     for span in spans:

@@ -49,6 +49,7 @@ def test_live_socket_is_owner_only_and_serves_snapshots(tmp_path: Path) -> None:
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         assert stat.S_IMODE(live_dir.stat().st_mode) == 0o700
         steps_then_request(5, 0.01, samples=8)
+        handle.force_flush()  # 10 ms steps finish on the deferred thread, within 50 ms
         doc = protocol.fetch(sock)
         assert doc["protocol"] == "otelgpu.live/1" and doc["pid"] == os.getpid()
         assert doc["train"]["steps"] == 5

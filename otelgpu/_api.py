@@ -253,6 +253,7 @@ def _build(
     from otelgpu.diagnosis.serving import attach
 
     attach(runtime)  # inference latency drift (OTELGPU_DIAGNOSIS; a bad value fails here)
+    runtime.deferred.start()  # not at the first deferred finish, in the host's exit
     return runtime
 
 

@@ -5,15 +5,18 @@ own Prometheus logger pays -- a few counters -- not for a span with its GPU cont
 dozen attributes. :class:`DeferredWork` takes a callable and its arguments (an append,
 well under a microsecond) and runs it on the ``otelgpu-deferred`` thread, which:
 
-* wakes every ``interval_s`` (or when ``batch`` items wait) and runs what is queued, in
-  order, handing the GIL back (``otelgpu.otel.slicing.pause``) before an item that would
-  take the work past ``SLICE_S`` (judged by the one before it), so the host's loop never
-  waits long for it;
+* sleeps while nothing is queued (an idle thread never takes the GIL from the host); the
+  first item wakes it, and ``interval_s`` later (or as soon as ``batch`` items wait) it
+  runs what is queued, in order, handing the GIL back (``otelgpu.otel.slicing.pause``)
+  before an item that would take the work past ``SLICE_S`` (judged by the one before
+  it), so the host's loop never waits long for it;
 * holds at most ``limit`` items; beyond that the newest are dropped and counted
   (``otelgpu.internal.dropped``, signal ``traces``, reason ``deferred_queue_full``);
 * never lets an exception out (reported once per place, counted);
 * :meth:`drain` runs everything queued now, on the calling thread (flush, shutdown);
-* a forked child starts empty, with no thread (started again on first use).
+* a forked child starts empty, with no thread (started again on first use);
+  ``instrument()`` starts the parent's (:meth:`start`), so no host thread waits for a
+  thread to start on its first deferred item.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class DeferredWork:
             self._stats.add_dropped("traces", "deferred_queue_full")
             return
         queue.append((fn, args))
-        if len(queue) >= self._batch:
+        waiting = len(queue)
+        if waiting == 1 or waiting >= self._batch:  # the first wakes the thread, a batch runs
             self._wake.set()
 
     def _start(self) -> None:
@@ -87,11 +91,24 @@ class DeferredWork:
             self._thread = thread
             thread.start()
 
+    def start(self) -> None:
+        """Start the thread now (idempotent): ``instrument()`` does, so the first item's
+        :meth:`submit` -- on the host's thread -- does not wait for a thread to start."""
+        if not self._stopped and (self._thread is None or self._pid != os.getpid()):
+            self._start()
+
     def _loop(self) -> None:
         host_work.mark_background()
-        while not self._stopped:
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
+        wake = self._wake
+        while not self._stopped:  # (close() sets it, then the event: either is seen)
+            # Asleep while nothing waits: an idle thread never takes the GIL from the host.
+            wake.wait()
+            if self._stopped:
+                return
+            wake.clear()
+            if len(self._queue) < self._batch:  # gather a batch (a full one wakes it)
+                wake.wait(self._interval_s)
+                wake.clear()
             self._run(yielding=True)
 
     def _run(self, *, yielding: bool) -> None:
@@ -123,10 +140,13 @@ class DeferredWork:
         self._run(yielding=False)
 
     def close(self) -> None:
-        """Drain, then stop the thread (idempotent)."""
+        """Drain, then stop the thread (idempotent; waits for it at most a second)."""
         self.drain()
         self._stopped = True
         self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
 
     @property
     def pending(self) -> int:

@@ -203,3 +203,14 @@ def test_deferral_attached_to_the_applications_provider_finishes_inline() -> Non
     finally:
         otelgpu.shutdown()
         app.shutdown()
+
+
+def test_deferral_thread_is_started_by_instrument() -> None:
+    """Not by the first deferred finish, in the host's exit (a thread's start waits for
+    it to run: up to a switch interval with other threads about)."""
+    handle, _, _ = _instrumented()
+    try:
+        assert "otelgpu-deferred" in {t.name for t in threading.enumerate()}
+    finally:
+        handle.shutdown()
+    assert "otelgpu-deferred" not in {t.name for t in threading.enumerate()}

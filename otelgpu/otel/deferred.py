@@ -6,9 +6,9 @@ dozen attributes. :class:`DeferredWork` takes a callable and its arguments (an a
 well under a microsecond) and runs it on the ``otelgpu-deferred`` thread, which:
 
 * wakes every ``interval_s`` (or when ``batch`` items wait) and runs what is queued, in
-  order, handing the GIL back (``otelgpu.otel.slicing.pause``)
-  before an item that would take the work past ``SLICE_S`` (judged by the one before
-  it), so the host's loop never waits long for it;
+  order, handing the GIL back (``otelgpu.otel.slicing.pause``) before an item that
+  would take the work past ``SLICE_S`` (judged by the one before it), so the host's loop
+  never waits long for it;
 * holds at most ``limit`` items; beyond that the newest are dropped and counted
   (``otelgpu.internal.dropped``, signal ``traces``, reason ``deferred_queue_full``);
 * never lets an exception out (reported once per place, counted);

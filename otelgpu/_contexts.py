@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from otelgpu import _runtime
 from otelgpu._runtime import Runtime
-from otelgpu.otel import host_work
+from otelgpu.otel import host_cadence, host_work
 from otelgpu.runtime.records import (
     DEFAULT_OPERATION,
     DEFAULT_PROVIDER,
@@ -82,6 +82,7 @@ class _SpanScope:
             runtime.report_error(f"{self._where} enter", exc)
             return
         host_work.opened()  # otelgpu's background slices wait for the block's end
+        host_cadence.began(self._start_ns)  # ... and keep clear of the next one's start
 
     def __enter__(self: _Scope) -> _Scope:
         self._enter()

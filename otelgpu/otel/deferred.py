@@ -8,7 +8,8 @@ well under a microsecond) and runs it on the ``otelgpu-deferred`` thread, which:
 * wakes every ``interval_s`` (or when ``batch`` items wait) and runs what is queued, in
   order, handing the GIL back (``otelgpu.otel.slicing.pause``) before an item that
   would take the work past ``SLICE_S`` (judged by the one before it), so the host's loop
-  never waits long for it;
+  never waits long for it, and starting none that would run into the host's next step
+  boundary (``otelgpu.otel.host_cadence``);
 * holds at most ``limit`` items; beyond that the newest are dropped and counted
   (``otelgpu.internal.dropped``, signal ``traces``, reason ``deferred_queue_full``);
 * never lets an exception out (reported once per place, counted);
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from otelgpu.otel import host_work, slicing
+from otelgpu.otel import host_cadence, host_work, slicing
 from otelgpu.otel.stats import InternalStats
 
 #: The GIL hand-back rhythm shared by otelgpu's background threads (seconds).
@@ -109,8 +110,11 @@ class DeferredWork:
     def _run(self, *, yielding: bool) -> None:
         clock = time.perf_counter
         with self._run_lock:
-            slice_end = clock() + SLICE_S
             queue = self._queue
+            took = SLICE_S  # the last item's time: the next one's expected time
+            if yielding and queue:
+                slicing.starting(took)
+            slice_end = clock() + SLICE_S
             while queue:
                 try:
                     fn, args = queue.popleft()
@@ -121,12 +125,18 @@ class DeferredWork:
                     fn(*args)
                 except Exception as exc:  # noqa: BLE001 - never out of the worker
                     self._stats.report_error(self._where, exc)
+                if not (yielding and queue):
+                    continue
+                ended = clock()
+                took = ended - started
                 # Hand back before an item that, as long as this one, would end past the
                 # slice: a step's finish is 0.1-0.3 ms cold, so two in a row held the GIL
                 # for up to twice the slice.
-                if yielding and queue and (ended := clock()) + (ended - started) > slice_end:
+                if ended + took > slice_end:
                     slicing.pause()
                     slice_end = clock() + SLICE_S
+                else:  # nor run into the host's next step boundary
+                    host_cadence.keep_clear(took)
 
     def drain(self) -> None:
         """Run everything queued now, on the calling thread."""

@@ -119,6 +119,7 @@ class ForkAwareMetricReader(PeriodicExportingMetricReader):
         # The previous export's tail (sending, writing) and this walk end a slice: the
         # collection starts a fresh one.
         slicing.tick()
+        slicing.starting()  # clear of the host's requests and step boundaries
         super().collect(timeout_millis=timeout_millis)
 
 

@@ -232,6 +232,7 @@ class BoundedBatchSpanProcessor(SpanProcessor):
             self._wake.clear()
             if self._stopped:
                 break
+            slicing.starting()  # clear of the host's requests and step boundaries
             self._export_all()
 
     def _export_all(self, deadline: float | None = None) -> bool:

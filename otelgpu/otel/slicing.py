@@ -43,8 +43,9 @@ of many series spends about twice its CPU time asleep and can miss that bound. T
 interpreter's switch interval still lets any other thread in.
 
 On otelgpu's own threads, every slice also starts between the host's requests or steps
-when it can (``otelgpu.otel.host_work``): after a hand-back, and when a :class:`Slicer`
-begins a piece of work.
+when it can (``otelgpu.otel.host_work``), and keeps clear of the next boundary of steps
+that come back to back at a steady period (``otelgpu.otel.host_cadence``): after a
+hand-back, and when a piece of work begins (:func:`starting`, :class:`Slicer`).
 
 Thread safety: a :class:`Slicer` belongs to one thread (one piece of work); :func:`tick`
 keeps its slice per thread; :func:`pause` may be called from any thread.
@@ -59,7 +60,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from otelgpu.otel import host_work
+from otelgpu.otel import host_cadence, host_work
 
 #: Longest stretch of background work between two GIL hand-backs (seconds).
 SLICE_S = 0.0003
@@ -162,7 +163,7 @@ def pause() -> None:
     try:
         if not _draining:
             _hand_over()
-            _wait_for_gap()
+            starting()
     finally:
         _local.end = time.perf_counter() + SLICE_S
         _local.cpu = time.thread_time()
@@ -199,13 +200,17 @@ def _hand_over() -> None:
         _sleep(YIELD_S)
 
 
-def _wait_for_gap() -> None:
-    """On otelgpu's own threads, wait for a gap between the host's requests or steps
-    (``otelgpu.otel.host_work``), watching the main thread's CPU clock where known."""
-    if not host_work.open_count() or not host_work.is_background():
+def starting(expected_s: float = SLICE_S) -> None:
+    """Before a slice of about ``expected_s`` seconds on otelgpu's own threads: wait for a
+    gap between the host's requests or steps (``otelgpu.otel.host_work``, watching the main
+    thread's CPU clock where known), then keep clear of the host's next step boundary
+    (``otelgpu.otel.host_cadence``). No-op on other threads and while :func:`draining`."""
+    if _draining or not host_work.is_background():
         return
-    host = _current_host()
-    host_work.wait_for_gap(host.cpu_ns if host is not None else None)
+    if host_work.open_count():
+        host = _current_host()
+        host_work.wait_for_gap(host.cpu_ns if host is not None else None)
+    host_cadence.keep_clear(expected_s)
 
 
 def tick() -> None:
@@ -226,8 +231,7 @@ class Slicer:
     __slots__ = ("_clock", "_cpu", "_end", "_slice_s", "pauses")
 
     def __init__(self, slice_s: float = SLICE_S) -> None:
-        if not _draining:
-            _wait_for_gap()  # a piece of work starts between the host's requests
+        starting(slice_s)  # a piece of work starts between the host's requests
         self._clock = time.perf_counter
         self._slice_s = slice_s
         self._end = self._clock() + slice_s

@@ -136,9 +136,11 @@ class Runtime:
         #: pipeline, which drains it on every flush, carries the spans
         owned = own_spans and pipeline is not None and pipeline.owns_tracer_provider
         finish_later = self.deferred if owned else None
-        self.step_finisher: Finisher[StepRecord] = Finisher(finish_later, self.steps.finish)
+        self.step_finisher: Finisher[StepRecord] = Finisher(
+            finish_later, self.steps.finish, self.steps.prepare_span
+        )
         self.request_finisher: Finisher[RequestRecord] = Finisher(
-            finish_later, self.requests.finish
+            finish_later, self.requests.finish, self.requests.prepare_span
         )
         if sampler is not None:
             self.instrument(catalog.GPU_HEALTH_EVENTS, self.health.observe)

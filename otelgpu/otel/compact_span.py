@@ -50,7 +50,7 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.status import Status, StatusCode
 
-__all__ = ["CompactSpan", "start_compact"]
+__all__ = ["CompactSpan", "Prepared", "prepare_compact", "start_compact", "start_prepared"]
 
 _UNSET = Status(StatusCode.UNSET)
 #: Shared by every span without events or links (never appended to: see ``_add_event``).
@@ -117,13 +117,31 @@ def start_compact(
     """``tracer.start_span(name, context=context, kind=kind, start_time=start_time)`` as a
     :class:`CompactSpan` (or the SDK's ``NonRecordingSpan`` where the sampler drops it);
     ``None`` where ``tracer`` lacks what this needs (the caller then calls the SDK)."""
+    prepared = prepare_compact(tracer, name, context, kind)
+    if prepared is None or isinstance(prepared, trace_api.Span):
+        return prepared
+    return start_prepared(tracer, prepared, start_time)
+
+
+#: A span built ahead of its start: (the span, its parent's span context, the decision).
+Prepared = tuple[Any, Any, Any]
+
+
+def prepare_compact(
+    tracer: Any, name: str, context: Context | None, kind: SpanKind
+) -> Prepared | trace_api.Span | None:
+    """Everything :func:`start_compact` does before the span's start: its ids, sampling
+    decision and fields, for the parent that ``context`` holds (``None``: the current
+    context) -- a :data:`Prepared` for :func:`start_prepared`. A span where the tracer is
+    disabled (the SDK's non-recording span, started already), ``None`` where ``tracer``
+    lacks what this needs."""
     try:
         enabled = tracer._is_enabled
         id_generator = tracer.id_generator
         sampler = tracer.sampler
-        metrics = tracer._tracer_metrics
         limits = tracer._span_limits
         processor = tracer.span_processor
+        tracer._tracer_metrics  # noqa: B018 - needed by start_prepared
     except AttributeError:
         return None
     parent: Any = trace_api.get_current_span(context).get_span_context()
@@ -158,9 +176,8 @@ def start_compact(
         trace_flags=flags,
         trace_state=result.trace_state,
     )
-    record_end_metrics = metrics.start_span(parent, decision)
     if not decision.is_recording():
-        return trace_api.NonRecordingSpan(context=span_context)
+        return trace_api.NonRecordingSpan(context=span_context), parent, decision
     compact = CompactSpan()
     span: Any = compact  # the SDK's private fields, set as SdkSpan.__init__ sets them
     span._name = name
@@ -169,7 +186,7 @@ def start_compact(
     span._instrumentation_info = tracer.instrumentation_info
     span._instrumentation_scope = tracer._instrumentation_scope
     span._parent = parent
-    span._start_time = start_time if start_time is not None else time.time_ns()
+    span._start_time = None
     span._end_time = None
     span._events = _NONE
     span._links = _NONE
@@ -188,5 +205,16 @@ def start_compact(
         immutable=False,
         max_value_len=limits.max_span_attribute_length,
     )
-    span._record_end_metrics = record_end_metrics
-    return compact
+    span._record_end_metrics = None
+    return compact, parent, decision
+
+
+def start_prepared(tracer: Any, prepared: Prepared, start_time: int | None) -> trace_api.Span:
+    """Start a span :func:`prepare_compact` built: the tracer's self-metrics count it now,
+    and a recording span starts at ``start_time`` (``None``: now). Once per prepared span."""
+    span, parent, decision = prepared
+    record_end_metrics = tracer._tracer_metrics.start_span(parent, decision)
+    if decision.is_recording():
+        span._start_time = start_time if start_time is not None else time.time_ns()
+        span._record_end_metrics = record_end_metrics
+    return span  # type: ignore[no-any-return]

@@ -61,11 +61,19 @@ class Finisher(Generic[R]):
     ``finish(span, record)`` is a recorder's finish; it never raises (the deferred thread
     reports whatever does)."""
 
-    __slots__ = ("_finish", "_work")
+    __slots__ = ("_finish", "_prepare", "_work")
 
-    def __init__(self, work: DeferredWork | None, finish: Callable[[Span, R], None]) -> None:
+    def __init__(
+        self,
+        work: DeferredWork | None,
+        finish: Callable[[Span, R], None],
+        prepare: Callable[[], None] | None = None,
+    ) -> None:
         self._work = work  # None: every finish inline
         self._finish = finish
+        # After a deferred finish, on the deferred thread: build the next blocks' spans
+        # ahead (``SpanStarter.prepare``), so the host's next entries only start them.
+        self._prepare = prepare
 
     def deferrable(self, record: R, *, failed: bool) -> bool:
         """Whether ``record``'s finish may leave the calling thread (``failed``: the
@@ -88,4 +96,10 @@ class Finisher(Generic[R]):
         attributes = record.attributes
         if attributes:  # the host's mapping: it may change it for its next block
             record.attributes = dict(attributes)
-        work.submit(self._finish, span, record)
+        work.submit(self._finish_later, span, record)
+
+    def _finish_later(self, span: Span, record: R) -> None:
+        self._finish(span, record)
+        prepare = self._prepare
+        if prepare is not None:
+            prepare()

@@ -86,6 +86,11 @@ class Recorder(abc.ABC, Generic[R]):
     def start_span(self, record: R) -> Span:
         """A live span for ``record``."""
 
+    def prepare_span(self) -> None:
+        """Build the next :meth:`start_span`'s span ahead, off the host's thread
+        (``otelgpu.otel.span_start.SpanStarter.prepare``). Never raises."""
+        self._starter.prepare()
+
     @abc.abstractmethod
     def finish(self, span: Span, record: R) -> None:
         """Attributes, GPU context and metrics of ``record``; ends ``span``. Never raises."""

@@ -36,7 +36,7 @@ from opentelemetry.trace.span import TraceState
 
 import otelgpu
 from otelgpu.otel import span_encoding
-from otelgpu.otel.compact_span import CompactSpan, start_compact
+from otelgpu.otel.compact_span import CompactSpan, prepare_compact, start_compact, start_prepared
 from otelgpu.otel.recording import read_recording
 from otelgpu.otel.span_start import SpanStarter
 
@@ -155,6 +155,32 @@ def test_a_compact_span_is_the_sdks_span(
     (ours_out,) = exported.get_finished_spans()
     (sdk_out,) = sdk_exported.get_finished_spans()
     _same(ours_out, sdk_out)
+
+
+@pytest.mark.parametrize("parent", PARENTS.values(), ids=list(PARENTS))
+@pytest.mark.parametrize("kind", [SpanKind.INTERNAL, SpanKind.SERVER])
+def test_a_span_prepared_ahead_is_the_sdks_span_started_later(
+    parent: SpanContext | None, kind: SpanKind
+) -> None:
+    """Built on one thread before its start (``prepare_compact``), started later
+    (``start_prepared``): the same span as the SDK's started at that time."""
+    context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
+    tracer, exported = _provider()
+    sdk_tracer, sdk_exported = _provider()
+    prepared = prepare_compact(tracer, "step", context, kind)
+    assert isinstance(prepared, tuple)
+    ours = start_prepared(tracer, prepared, 1_000)
+    sdk = sdk_tracer.start_span("step", context=context, kind=kind, start_time=1_000)
+    assert ours.get_span_context() == sdk.get_span_context()
+    assert type(ours) is (CompactSpan if sdk.is_recording() else NonRecordingSpan)
+    for span in (ours, sdk):
+        _use(span)
+        span.end(end_time=2_000)
+    assert len(exported.get_finished_spans()) == len(sdk_exported.get_finished_spans())
+    for ours_out, sdk_out in zip(
+        exported.get_finished_spans(), sdk_exported.get_finished_spans(), strict=True
+    ):
+        _same(ours_out, sdk_out)
 
 
 SAMPLERS = {

@@ -157,9 +157,11 @@ class SpanStarter:
         current = otel_context.get_current()
         self._wanted = (name, kind, current)
         ready = self._ready
+        if not ready:  # nothing built (blocks finished inline): no exception raised either
+            return None
         try:
             pid, sampler, made_name, made_kind, parent, prepared = ready.popleft()
-        except IndexError:
+        except IndexError:  # taken meanwhile by another thread
             return None
         tracer = self._tracer
         if (

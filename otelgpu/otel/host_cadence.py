@@ -16,7 +16,10 @@ a block is open, a slice expected to take ``expected_s`` that would still run at
 predicted next start (within ``GUARD_S``), or that would start within ``AFTER_S`` of the
 latest one (the host's entry is still running), waits until ``AFTER_S`` past that start.
 :func:`keep_clear` sleeps that long, once per call (a thread always gets on with its work
-after one wait: progress never depends on the prediction). A host whose blocks overlap or
+after one wait: progress never depends on the prediction). A slice already under way stops
+``CUT_S`` before the predicted start however little of its CPU budget it used
+(:func:`cut_in_s`: ``otelgpu.otel.slicing`` ends its slices there), since one the OS
+preempted can take several times its budget in wall time. A host whose blocks overlap or
 come irregularly (a server's requests) has no steady period and is never waited for; a
 step that overran its prediction is not waited for either.
 
@@ -46,12 +49,18 @@ GUARD_S = 0.0005
 #: How long after a block's start the host is still entering it (seconds): a ``step()``
 #: entry is 20-80 µs, over 0.2 ms when the machine is slow.
 AFTER_S = 0.0005
+#: How long before the predicted next start a slice under way stops, however little of
+#: its CPU budget it used (seconds): a slice preempted by the OS can take several times its
+#: budget in wall time.
+CUT_S = 0.0002
 #: Block starts remembered (intervals between them are one fewer).
 HISTORY = 9
 
 _MIN_PERIOD_NS = int(MIN_PERIOD_S * 1e9)
 _GUARD_NS = int(GUARD_S * 1e9)
 _AFTER_NS = int(AFTER_S * 1e9)
+_CUT_NS = int(CUT_S * 1e9)
+_INF = float("inf")
 
 _starts: collections.deque[int] = collections.deque(maxlen=HISTORY)
 
@@ -78,16 +87,32 @@ def period_ns(starts: list[int]) -> int:
     return median
 
 
+#: (latest start, its history's period): the period is recomputed once per new start.
+_cached: tuple[int, int] = (0, 0)
+
+
+def _steady() -> tuple[int, int]:
+    """(latest start, steady period) of the history now; period 0 when there is none."""
+    global _cached
+    starts = list(_starts)
+    if not starts:
+        return 0, 0
+    last = starts[-1]
+    cached = _cached
+    if cached[0] == last:
+        return cached
+    _cached = cached = (last, period_ns(starts))
+    return cached
+
+
 def wait_s(now_ns: int, expected_s: float) -> float:
     """How long a slice of ``expected_s`` seconds starting at ``now_ns`` should wait to
     keep clear of the host's step boundary (0.0: go on now). Pure: reads the history."""
     if not host_work.open_count():
         return 0.0  # between blocks: the host's own time, where slices belong
-    starts = list(_starts)
-    period = period_ns(starts)
+    last, period = _steady()
     if not period:
         return 0.0
-    last = starts[-1]
     if now_ns - last < _AFTER_NS:
         return (last + _AFTER_NS - now_ns) / 1e9
     following = last + period
@@ -96,6 +121,34 @@ def wait_s(now_ns: int, expected_s: float) -> float:
     if now_ns + int(expected_s * 1e9) + _GUARD_NS < following:
         return 0.0
     return (following + _AFTER_NS - now_ns) / 1e9
+
+
+def clear_for_s(now_ns: int) -> float:
+    """How long a slice under way at ``now_ns`` may go on before it must stop to keep clear
+    of the host's next step boundary (``CUT_S`` before it): ``inf`` where there is none to
+    keep clear of (no steady period, no block open, the step overran), 0.0 at or past that
+    point. Pure: reads the history."""
+    if not host_work.open_count():
+        return _INF
+    last, period = _steady()
+    if not period:
+        return _INF
+    following = last + period
+    if now_ns > following:
+        return _INF  # the step overran its prediction: no telling when it ends
+    return max(0.0, (following - _CUT_NS - now_ns) / 1e9)
+
+
+def cut_in_s() -> float:
+    """On otelgpu's own threads: seconds from now until a slice under way must stop to keep
+    clear of the next step boundary (:func:`clear_for_s`); ``inf`` elsewhere, or where
+    there is none. Never raises."""
+    if not _starts or not host_work.is_background():
+        return _INF
+    try:
+        return clear_for_s(time.time_ns())
+    except Exception:  # noqa: BLE001 - an optimisation only: never into the caller
+        return _INF
 
 
 def keep_clear(expected_s: float) -> float:
@@ -113,7 +166,9 @@ def keep_clear(expected_s: float) -> float:
 
 
 def _after_fork_in_child() -> None:
+    global _cached
     _starts.clear()  # the parent's rhythm is not the child's
+    _cached = (0, 0)
 
 
 if hasattr(os, "register_at_fork"):
@@ -122,11 +177,14 @@ if hasattr(os, "register_at_fork"):
 
 __all__ = [
     "AFTER_S",
+    "CUT_S",
     "GUARD_S",
     "HISTORY",
     "MIN_PERIOD_S",
     "TOLERANCE",
     "began",
+    "clear_for_s",
+    "cut_in_s",
     "keep_clear",
     "period_ns",
     "wait_s",

@@ -154,6 +154,7 @@ def draining() -> Iterator[None]:
 
 
 _local = threading.local()
+_INF = float("inf")
 
 
 def pause() -> None:
@@ -165,7 +166,9 @@ def pause() -> None:
             _hand_over()
             starting()
     finally:
-        _local.end = time.perf_counter() + SLICE_S
+        now = time.perf_counter()
+        _local.cut_at = cut_at = now + host_cadence.cut_in_s()
+        _local.end = min(now + SLICE_S, cut_at)
         _local.cpu = time.thread_time()
 
 
@@ -216,37 +219,47 @@ def starting(expected_s: float = SLICE_S) -> None:
 def tick() -> None:
     """:meth:`Slicer.tick` for the calling thread's current work (thread-local slice):
     for code that runs in many small calls, such as metric callbacks."""
-    if time.perf_counter() > getattr(_local, "end", 0.0):
+    now = time.perf_counter()
+    if now > getattr(_local, "end", 0.0):
         used = time.thread_time() - getattr(_local, "cpu", 0.0)
-        if used >= SLICE_S:
+        cut_at = getattr(_local, "cut_at", _INF)
+        if used >= SLICE_S or now >= cut_at:
             pause()
         else:  # preempted meanwhile (a loaded machine): the slice is not used up yet
-            _local.end = time.perf_counter() + SLICE_S - used
+            _local.end = min(now + SLICE_S - used, cut_at)
 
 
 class Slicer:
     """Calls :func:`pause` from :meth:`tick` once the thread ran ``slice_s`` (its CPU
     time) since the last pause."""
 
-    __slots__ = ("_clock", "_cpu", "_end", "_slice_s", "pauses")
+    __slots__ = ("_clock", "_cpu", "_cut_at", "_end", "_slice_s", "pauses")
 
     def __init__(self, slice_s: float = SLICE_S) -> None:
         starting(slice_s)  # a piece of work starts between the host's requests
         self._clock = time.perf_counter
         self._slice_s = slice_s
-        self._end = self._clock() + slice_s
-        self._cpu = time.thread_time()
+        self._begin()
         #: How many times :meth:`tick` paused.
         self.pauses = 0
 
+    def _begin(self) -> None:
+        now = self._clock()
+        # a slice ends when its CPU budget is used up, or before the host's next step
+        # boundary however little it used (otelgpu.otel.host_cadence)
+        self._cut_at = cut_at = now + host_cadence.cut_in_s()
+        self._end = min(now + self._slice_s, cut_at)
+        self._cpu = time.thread_time()
+
     def tick(self) -> None:
-        """Pause if this slice is used up (cheap otherwise: one clock read)."""
-        if self._clock() > self._end:
+        """Pause if this slice is used up, or at the host's next step boundary (cheap
+        otherwise: one clock read)."""
+        now = self._clock()
+        if now > self._end:
             used = time.thread_time() - self._cpu
-            if used < self._slice_s:  # preempted meanwhile: the slice is not used up
-                self._end = self._clock() + self._slice_s - used
+            if used < self._slice_s and now < self._cut_at:  # preempted: not used up
+                self._end = min(now + self._slice_s - used, self._cut_at)
                 return
             pause()
             self.pauses += 1
-            self._end = self._clock() + self._slice_s
-            self._cpu = time.thread_time()
+            self._begin()

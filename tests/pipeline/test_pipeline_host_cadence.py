@@ -241,3 +241,62 @@ def test_pipeline_a_flush_never_waits_for_the_boundary(monkeypatch: pytest.Monke
     assert slept == []
     _on_background(check)  # the same, not draining
     assert len(slept) == 1 and slept[0] > 0.0
+
+
+# ------------------------------------------------------------- a slice under way
+
+
+def test_pipeline_cadence_cut_point_is_just_before_the_predicted_start() -> None:
+    last = 1_000 * MS
+    cut_ns = int(host_cadence.CUT_S * 1e9)
+    _history(_steady(last))
+    following = last + 20 * MS
+    assert host_cadence.clear_for_s(following - 3 * MS) == pytest.approx((3 * MS - cut_ns) / 1e9)
+    assert host_cadence.clear_for_s(following - cut_ns // 2) == 0.0
+    assert host_cadence.clear_for_s(following + MS) == float("inf")  # overran
+    host_work.closed()
+    assert host_cadence.clear_for_s(following - 3 * MS) == float("inf")  # between blocks
+
+
+@pytest.mark.usefixtures("open_block")
+def test_pipeline_a_preempted_slice_stops_before_the_boundary() -> None:
+    """A slice whose thread lost the CPU has used little of its CPU budget; it goes on
+    after the wall slice ends -- but never past the host's next step boundary."""
+    pauses: list[int] = []
+
+    def work() -> None:
+        # the next start 5 ms off: a 0.3 ms slice may start (it would end well before)
+        _boundary_soon(5 * MS)
+        slicer = slicing.Slicer()
+        time.sleep(0.0004)  # off the CPU: the wall slice is over, its CPU budget is not
+        slicer.tick()
+        pauses.append(slicer.pauses)
+        time.sleep(0.006)  # still off the CPU, now past the cut point
+        slicer.tick()
+        pauses.append(slicer.pauses)
+
+    _on_background(work)
+    assert pauses == [0, 1]
+
+
+@pytest.mark.usefixtures("open_block")
+def test_pipeline_a_threads_slice_stops_before_the_boundary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same for the thread-local slice of :func:`slicing.tick` (metric callbacks)."""
+    paused: list[bool] = []
+    # the hand-back's own sleeps (up to ~3 ms) would take this past the boundary
+    monkeypatch.setattr(slicing, "_hand_over", lambda: None)
+
+    def work() -> None:
+        _boundary_soon(5 * MS)
+        slicing.pause()  # a fresh slice, the boundary 5 ms off
+        monkeypatch.setattr(slicing, "pause", lambda: paused.append(True))
+        time.sleep(0.0004)
+        slicing.tick()
+        assert not paused
+        time.sleep(0.006)
+        slicing.tick()
+
+    _on_background(work)
+    assert paused == [True]

@@ -90,6 +90,17 @@ def _compact(tracer: Any, name: str, context: Any, kind: SpanKind, start: int) -
     return span
 
 
+def _prepared(tracer: Any, name: str, context: Any, kind: SpanKind, start: int) -> Any:
+    """Built ahead (``prepare_compact``, as otelgpu's deferred thread does), started later
+    (``start_prepared``, as the host's next entry does)."""
+    prepared = prepare_compact(tracer, name, context, kind)
+    assert isinstance(prepared, tuple)
+    return start_prepared(tracer, prepared, start)
+
+
+STARTS = {"at once": _compact, "prepared ahead": _prepared}
+
+
 def _use(span: Any) -> None:
     """What an application and otelgpu do to a live span (the same on both paths)."""
     span.set_attributes({"otelgpu.train.step": 7, "a.list": ["x", "y"], "a.map": {"k": 1}})
@@ -133,16 +144,21 @@ LIMITS = {
 }
 
 
+@pytest.mark.parametrize("start", STARTS.values(), ids=list(STARTS))
 @pytest.mark.parametrize("limits", LIMITS.values(), ids=list(LIMITS))
 @pytest.mark.parametrize("parent", PARENTS.values(), ids=list(PARENTS))
 @pytest.mark.parametrize("kind", [SpanKind.INTERNAL, SpanKind.SERVER])
 def test_a_compact_span_is_the_sdks_span(
-    limits: SpanLimits, parent: SpanContext | None, kind: SpanKind, span_encoder: Any
+    limits: SpanLimits,
+    parent: SpanContext | None,
+    kind: SpanKind,
+    span_encoder: Any,
+    start: Any,
 ) -> None:
     context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
     tracer, exported = _provider(limits=limits)
     sdk_tracer, sdk_exported = _provider(limits=limits)
-    ours = _compact(tracer, "step", context, kind, 1_000)
+    ours = start(tracer, "step", context, kind, 1_000)
     sdk = sdk_tracer.start_span("step", context=context, kind=kind, start_time=1_000)
     assert ours.get_span_context() == sdk.get_span_context()
     assert type(ours) is (CompactSpan if sdk.is_recording() else NonRecordingSpan)
@@ -155,32 +171,6 @@ def test_a_compact_span_is_the_sdks_span(
     (ours_out,) = exported.get_finished_spans()
     (sdk_out,) = sdk_exported.get_finished_spans()
     _same(ours_out, sdk_out)
-
-
-@pytest.mark.parametrize("parent", PARENTS.values(), ids=list(PARENTS))
-@pytest.mark.parametrize("kind", [SpanKind.INTERNAL, SpanKind.SERVER])
-def test_a_span_prepared_ahead_is_the_sdks_span_started_later(
-    parent: SpanContext | None, kind: SpanKind
-) -> None:
-    """Built on one thread before its start (``prepare_compact``), started later
-    (``start_prepared``): the same span as the SDK's started at that time."""
-    context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
-    tracer, exported = _provider()
-    sdk_tracer, sdk_exported = _provider()
-    prepared = prepare_compact(tracer, "step", context, kind)
-    assert isinstance(prepared, tuple)
-    ours = start_prepared(tracer, prepared, 1_000)
-    sdk = sdk_tracer.start_span("step", context=context, kind=kind, start_time=1_000)
-    assert ours.get_span_context() == sdk.get_span_context()
-    assert type(ours) is (CompactSpan if sdk.is_recording() else NonRecordingSpan)
-    for span in (ours, sdk):
-        _use(span)
-        span.end(end_time=2_000)
-    assert len(exported.get_finished_spans()) == len(sdk_exported.get_finished_spans())
-    for ours_out, sdk_out in zip(
-        exported.get_finished_spans(), sdk_exported.get_finished_spans(), strict=True
-    ):
-        _same(ours_out, sdk_out)
 
 
 SAMPLERS = {

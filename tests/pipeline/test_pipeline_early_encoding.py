@@ -175,19 +175,22 @@ def test_the_export_thread_sleeps_until_a_batch_or_the_schedule_delay(otlp_recei
     for _ in range(100):  # the batch fills: sent without waiting for the delay
         with tracer.start_as_current_span("s"):
             pass
-    deadline = time.monotonic() + 10
-    while processor.queued and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert processor.queued == 0
-    assert (
-        sum(
+
+    def received() -> int:
+        return sum(
             len(ss.spans)
             for r in otlp_receiver.requests("traces")
             for rs in r.resource_spans
             for ss in rs.scope_spans
         )
-        == 200
-    )
+
+    # Wait for the receiver, not for the queue to empty: spans leave the queue before
+    # they are encoded and sent.
+    deadline = time.monotonic() + 10
+    while received() < 200 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert received() == 200
+    assert processor.queued == 0
     tp.shutdown()
 
 
@@ -274,9 +277,12 @@ def test_a_wake_sends_what_waits_and_leaves_a_partial_tail_for_the_next(
     assert gate.sizes == [8]
     assert processor.queued == 5
     deadline = time.monotonic() + 10
-    while processor.queued and time.monotonic() < deadline:  # the next wake sends it
+    # The next wake sends it. Wait for the export itself, not for the queue to empty: the
+    # tail leaves the queue before it is encoded and handed to the exporter.
+    while len(gate.sizes) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert gate.sizes == [8, 5]
+    assert processor.queued == 0
     # A whole batch waiting after a send is sent on at once (encoded spans: all that
     # wait, up to ENCODED_BATCH; SDK spans: a batch, the tail left again).
     gate.sizes.clear()

@@ -22,9 +22,19 @@ def _samples(sampler: BaseGpuSampler) -> int:
     return sampler.stats().samples
 
 
+def _otelgpu_threads_since(before: set[threading.Thread]) -> list[str]:
+    """otelgpu threads started after ``before`` was taken and still running: this test's
+    sampler's (an earlier test's export or shutdown thread, left to finish on its own,
+    is not this sampler's)."""
+    return [
+        t.name for t in threading.enumerate() if t not in before and t.name.startswith("otelgpu-")
+    ]
+
+
 def test_start_stop_cycles(
     sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]
 ) -> None:
+    before = set(threading.enumerate())
     sampler = make_sampler(interval_s=0.01)
     assert sampler.stop() is True  # never started: a no-op
     seen = 0
@@ -43,8 +53,7 @@ def test_start_stop_cycles(
         seen = now
         time.sleep(0.03)
         assert _samples(sampler) == seen  # nothing sampled while stopped
-    names = [t.name for t in threading.enumerate()]
-    assert not any(n.startswith("otelgpu-") for n in names)
+    assert _otelgpu_threads_since(before) == []
 
 
 def test_close_and_reopen(sim_gpu: sim.SimGpu, make_sampler: Callable[..., BaseGpuSampler]) -> None:
@@ -210,13 +219,14 @@ def test_a_dropped_sampler_stops_its_threads(
     import gc
 
     refs = sim_gpu.nvml_refcount()
+    before = set(threading.enumerate())
     sampler = sampler_cls(interval_s=0.01)
     sampler.start()
-    assert any(t.name.startswith("otelgpu-") for t in threading.enumerate())
+    assert _otelgpu_threads_since(before)
     del sampler
     gc.collect()
     deadline = time.monotonic() + 3
-    while any(t.name.startswith("otelgpu-") for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "sampler threads outlived their sampler"
+    while left := _otelgpu_threads_since(before):
+        assert time.monotonic() < deadline, f"sampler threads outlived their sampler: {left}"
         time.sleep(0.01)
     assert sim_gpu.nvml_refcount() == refs

@@ -9,7 +9,13 @@ import pytest
 
 from otelgpu import _impl
 
-pytest_plugins = ["fixtures.sim", "fixtures.otlp_receiver", "fixtures.otel", "fixtures.reliability"]
+pytest_plugins = [
+    "fixtures.sim",
+    "fixtures.otlp_receiver",
+    "fixtures.otel",
+    "fixtures.reliability",
+    "fixtures.thread_audit",
+]
 
 NO_EXTENSIONS = _impl.NO_EXTENSIONS
 

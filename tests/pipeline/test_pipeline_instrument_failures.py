@@ -48,7 +48,7 @@ def test_pipeline_failed_instrument_leaves_nothing_behind(tmp_path: Path) -> Non
     longer an error: see test_pipeline_export_bounds.)"""
     import opentelemetry.exporter.prometheus  # noqa: F401  (a test dependency: fail, never skip)
 
-    threads_before = {t.name for t in threading.enumerate()}
+    threads_before = set(threading.enumerate())
     with pytest.raises(ConfigurationError) as info:
         otelgpu.instrument(
             exporters="prometheus,recording",
@@ -60,7 +60,8 @@ def test_pipeline_failed_instrument_leaves_nothing_behind(tmp_path: Path) -> Non
     assert info.value.setting == "prometheus_port"
     assert "192.0.2.1" in str(info.value)
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-    assert {t.name for t in threading.enumerate()} == threads_before
+    # none left running (an earlier test's thread ending meanwhile is not this one's)
+    assert [t.name for t in set(threading.enumerate()) - threads_before] == []
     assert list(tmp_path.iterdir()) == []  # no empty recording left behind
     assert otelgpu_api.instrumentation() is None and _runtime.current() is None
 
@@ -89,14 +90,15 @@ def test_pipeline_gpu_settings_that_match_no_gpu_fail_at_instrument(
     sim_gpu: Any, overrides: dict[str, Any], setting: str, value: object
 ) -> None:
     """They used to be swallowed (an INFO log, no GPU context, no hw.* metrics)."""
-    threads_before = {t.name for t in threading.enumerate()}
+    threads_before = set(threading.enumerate())
     with pytest.raises(ConfigurationError) as info:
         otelgpu.instrument(exporters="none", **overrides)
     assert info.value.setting == setting
     assert info.value.value == value
     assert "interval_s" not in info.value.accepted  # names no sampler-internal argument
     assert _runtime.current() is None
-    assert {t.name for t in threading.enumerate()} == threads_before
+    # none left running (an earlier test's thread ending meanwhile is not this one's)
+    assert [t.name for t in set(threading.enumerate()) - threads_before] == []
     handle = otelgpu.instrument(exporters="none", devices="1")  # a valid choice works
     try:
         assert handle.runtime is not None and handle.runtime.sampler is not None

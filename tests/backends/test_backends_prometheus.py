@@ -132,6 +132,10 @@ def test_backends_prometheus_scrapes_gpu_metrics_and_quantiles(
     requests_ns = [int(d * 3.1) + 1_000_000 for d in steps_ns[:500]]
     for duration in requests_ns:
         runtime.record_request(RequestRecord(t0, t0 + duration, model="tiny", output_tokens=4))
+    # A scrape taken while the loops ran has every series, with partial values: wait for
+    # one taken after the last request (recorded last, so everything else is in it too).
+    everything = f"sum(otelgpu_inference_requests_total) == {len(requests_ns)}"
+    assert wait_until(lambda: prom.query(everything), 30), prom.log()
 
     util = wait_until(lambda: prom.query("hw_gpu_utilization"), 20)
     assert util, prom.log()

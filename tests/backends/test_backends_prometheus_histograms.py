@@ -143,7 +143,11 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
                 request(rng.lognormvariate(math.log(0.5), 0.6), i % 10 == 0)
             if round_ < 2:
                 time.sleep(2.5)
-        time.sleep(2.5)
+        # Both servers have scraped everything (the requests are recorded last): a fixed
+        # wait could end before a loaded machine's next scrape.
+        done = f"sum(otelgpu_inference_requests_total) == {len(values['all'])}"
+        for server in servers:
+            assert wait_until(functools.partial(server.query, done), 30), server.log()
         yield Demo(classic, native, values)
     finally:
         for server in servers:

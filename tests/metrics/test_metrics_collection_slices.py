@@ -290,7 +290,10 @@ def test_host_state_is_read_from_the_main_thread() -> None:
     done = threading.Event()
 
     def probe() -> None:
-        time.sleep(0.05)  # the main thread is in done.wait() by now
+        # the main thread is in done.wait() soon (a loaded machine may take a while)
+        deadline = time.monotonic() + 10
+        while host.runnable() and time.monotonic() < deadline:
+            time.sleep(0.01)
         seen.append(host.runnable())
         slicing.pause()
         done.set()

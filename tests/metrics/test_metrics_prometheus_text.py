@@ -133,7 +133,18 @@ def _eight_gpu_endpoint(port: int = 0) -> Iterator[Any]:
         metric_export_interval_ms=600_000,
     )
     try:
-        time.sleep(0.3)
+        # every GPU discovered and sampled (a loaded machine may take longer than the
+        # start-up wait), so each step and request has its GPU context
+        runtime = handle.runtime
+        assert runtime is not None and runtime.sampler is not None
+        sampler = runtime.sampler
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+            len(sampler.devices) == 8
+            and all(sampler.latest(d.uuid) is not None for d in sampler.devices)
+        ):
+            time.sleep(0.02)
+        time.sleep(0.1)
         for _ in range(50):
             with otelgpu.step(samples=32):
                 pass

@@ -45,8 +45,10 @@ def _instrumented(**settings: Any) -> tuple[Any, InMemorySpanExporter, EndingThr
     provider: Any = runtime.pipeline.tracer_provider
     exporter = InMemorySpanExporter()
     threads = EndingThreads()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # The thread recorder first: the SDK calls processors in order, and a test that waits
+    # for the exporter then reads the recorder.
     provider.add_span_processor(threads)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
     return handle, exporter, threads
 
 
@@ -210,7 +212,8 @@ def test_deferral_thread_is_started_by_instrument() -> None:
     it to run: up to a switch interval with other threads about)."""
     handle, _, _ = _instrumented()
     try:
-        assert "otelgpu-deferred" in {t.name for t in threading.enumerate()}
+        thread = handle.runtime.deferred._thread
+        assert thread is not None and thread.name == "otelgpu-deferred" and thread.is_alive()
     finally:
         handle.shutdown()
-    assert "otelgpu-deferred" not in {t.name for t in threading.enumerate()}
+    assert not thread.is_alive()  # shutdown() waits for it

@@ -147,9 +147,18 @@ def test_health_event_seen_by_a_span_is_logged_before_any_collection(
         with caplog.at_level(logging.WARNING, logger="otelgpu.health"):
             with otelgpu.step(samples=1):
                 gpu.inject("ecc", gpu=1, uncorrected=2)
-                time.sleep(0.1)
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and not caplog.records:
+                deadline = time.monotonic() + 10.0  # the sampler sees it (every 20 ms)
+                while time.monotonic() < deadline and not runtime.sampler.events(0, 2**62):
+                    time.sleep(0.01)
+                time.sleep(0.05)
+
+            def logged() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if r.name == "otelgpu.health"]
+
+            # The step's span and the health line, both from the deferred thread (the
+            # step took over 2 ms): wait for the two, not for any warning.
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and not (logged() and exporter.get_finished_spans()):
                 time.sleep(0.01)
         (span,) = exporter.get_finished_spans()
         assert [e.name for e in span.events] == ["otelgpu.gpu.ecc_uncorrected"]

@@ -166,6 +166,12 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
         assert [(e.kind, e.uuid, e.code) for e in events] == [
             ("device_lost", "nvml-index-1", 15)  # NVML_ERROR_GPU_IS_LOST
         ]
+        # logged by the start-up thread after it woke instrument(): give it time
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            "NVML index 1 is lost" in r.getMessage() for r in caplog.records
+        ):
+            time.sleep(0.01)
         assert any("NVML index 1 is lost" in r.getMessage() for r in caplog.records)
     finally:
         handle.shutdown()

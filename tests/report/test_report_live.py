@@ -99,7 +99,7 @@ def test_live_top_attaches_to_a_running_process(tmp_path: Path) -> None:
     env = python_env(OTELGPU_LIVE="true", OTELGPU_LIVE_DIR=str(live_dir), OTELGPU_EXPORTERS="none")
     child = subprocess.Popen(
         [sys.executable, "-m", "otelgpu", "run", "--sim", "healthy-8xh100", "--",
-         sys.executable, WORKLOAD, "6"],
+         sys.executable, WORKLOAD, "30"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -113,6 +113,8 @@ def test_live_top_attaches_to_a_running_process(tmp_path: Path) -> None:
             env=python_env(), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:
+        # long enough for a slow machine's start-ups; stopped once `top` has seen it
+        child.terminate()
         child.wait(timeout=60)
     assert top.returncode == 0, top.stderr
     lines = [line for line in top.stdout.splitlines() if " steps=" in line]

@@ -194,7 +194,9 @@ class DeferredSampler:
         return sampler.stop(timeout_s) if sampler is not None else True
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Close the sampler (NVML released); waits up to ``timeout_s`` for start-up."""
+        """Close the sampler (NVML released); waits up to ``timeout_s`` in all for the
+        start-up and its thread (which logs and runs callbacks after waking waiters)."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             self._closed = True
             self._callbacks = []
@@ -203,6 +205,9 @@ class DeferredSampler:
             sampler, self._sampler = self._sampler, None
         if sampler is not None:
             sampler.close()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def running(self) -> bool:

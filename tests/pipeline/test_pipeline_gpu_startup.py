@@ -12,6 +12,7 @@ session run off ``instrument()``'s thread, bounded by ``gpu_startup_wait_ms``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -175,6 +176,35 @@ def test_pipeline_gpu_lost_at_start_keeps_the_others_and_signals_it(
         assert any("NVML index 1 is lost" in r.getMessage() for r in caplog.records)
     finally:
         handle.shutdown()
+
+
+@pytest.mark.usefixtures("unload_sim")
+def test_pipeline_shutdown_waits_for_the_startup_thread() -> None:
+    """The start-up thread logs its lost GPUs after waking instrument(): shutdown() waits
+    for it (bounded) rather than leave it running past the runtime."""
+
+    class SlowHandler(logging.Handler):
+        """Holds the start-up thread in its lost-GPU warning for a while."""
+
+        def handle(self, record: logging.LogRecord) -> bool:  # no handler lock held
+            if threading.current_thread().name == "otelgpu-gpu-startup":
+                time.sleep(0.6)  # twice: well within close()'s 2 s
+            return True
+
+    handler = SlowHandler(logging.WARNING)
+    logger = logging.getLogger("otelgpu")
+    logger.addHandler(handler)
+    try:
+        sim.activate(_lost_at_start(), clock="virtual")
+        handle = otelgpu.instrument(exporters="none", frameworks="none", gpu_startup_wait_ms=10_000)
+        runtime = handle.runtime
+        assert runtime is not None
+        thread = runtime.sampler._thread
+        assert thread is not None and thread.name == "otelgpu-gpu-startup"
+        handle.shutdown()
+        assert not thread.is_alive()
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_pipeline_sim_unknown_scenario_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,11 @@ each stretch a thread ran between two hand-backs is placed in the host's cycle: 
 block, its busy part (in quarters), leaving it, or the gap before the next block.
 
 Prints: the wall p50/p99; the blocks slower than p50 + ``--over-us`` with each thread's CPU
-during them; per thread, where its stretches began. Stretches that begin at random land
+during them; the host thread's own CPU time entering and leaving a block
+(``time.thread_time``), the slow blocks' against the median ones', next to the other threads'
+CPU -- whether the slow blocks waited for otelgpu's threads or the host's own entry and exit
+ran slower (a machine whose other CPU is busy, caches others filled); per thread, where its
+stretches began. Stretches that begin at random land
 mostly inside a block's busy part (which is time-based: nothing lengthens); stretches that
 pile up in the last quarter, in the exit or in the entry lengthen blocks -- the signature
 of a background thread phase-locked to the host (what ``slicing.JITTER_S`` breaks; see it
@@ -53,7 +57,8 @@ def _spin(seconds: float) -> None:
 
 
 def measure(scenario: str, blocks: int, jitter_s: float | None = None) -> dict[str, Any]:
-    """Blocks ``(t0, entered, busy done, t_end, {thread: cpu µs})`` and hand-backs;
+    """Blocks ``(t0, entered, busy done, t_end, {thread: cpu µs}, host entry CPU µs, host
+    exit CPU µs)`` and hand-backs;
     ``jitter_s`` replaces ``slicing.JITTER_S`` (0: the fixed hand-back of before)."""
     import otelgpu
     from otelgpu.otel import slicing
@@ -85,24 +90,29 @@ def measure(scenario: str, blocks: int, jitter_s: float | None = None) -> dict[s
             if t is not threading.main_thread() and t.ident
         ]
         cpu_ns = time.clock_gettime_ns
+        own = time.thread_time_ns
         rows = []
         for _ in range(blocks):
             before = [cpu_ns(c) for _, c in threads]
+            c0 = own()
             t0 = clock()
             block: Any = otelgpu.step(samples=32) if kind == "step" else otelgpu.request(model="m")
             block.__enter__()
             if kind == "request":
                 block.first_token()
             t1 = clock()
+            c1 = own()
             _spin(busy)
+            c2 = own()
             t2 = clock()
             if kind == "request":
                 block.tokens(8)
             block.__exit__(None, None, None)
             t3 = clock()
+            c3 = own()
             after = [cpu_ns(c) for _, c in threads]
             used = {n: (b - a) / 1e3 for (n, _), a, b in zip(threads, before, after, strict=True)}
-            rows.append((t0, t1, t2, t3, used))
+            rows.append((t0, t1, t2, t3, used, (c1 - c0) / 1e3, (c3 - c2) / 1e3))
             if idle:
                 _spin(idle)
         handle.shutdown()
@@ -118,7 +128,7 @@ def _phase(rows: list[Any], starts: list[float], at: float, busy: float) -> str 
     k = bisect.bisect_right(starts, at) - 1
     if k < 0:
         return None
-    _t0, t1, t2, t3, _ = rows[k]
+    _t0, t1, t2, t3 = rows[k][:4]
     if at < t1:
         return "enter"
     if at < t2:
@@ -126,6 +136,23 @@ def _phase(rows: list[Any], starts: list[float], at: float, busy: float) -> str 
     if at < t3:
         return "exit"
     return "between"
+
+
+def _band(label: str, band: list[Any]) -> str:
+    """One line of means over ``band``'s blocks: wall, the host's entry and exit (wall and
+    its own CPU), each otelgpu thread's CPU."""
+
+    def mean(values: Any) -> float:
+        return statistics.fmean(values)
+
+    names = sorted({n for r in band for n in r[4]})
+    threads = ", ".join(f"{n} {mean(r[4].get(n, 0.0) for r in band):.0f}" for n in names)
+    return (
+        f"{label} ({len(band)}): wall {mean((r[3] - r[0]) * 1e6 for r in band):.0f}; "
+        f"entry wall {mean((r[1] - r[0]) * 1e6 for r in band):.0f} host CPU "
+        f"{mean(r[5] for r in band):.0f}; exit wall {mean((r[3] - r[2]) * 1e6 for r in band):.0f}"
+        f" host CPU {mean(r[6] for r in band):.0f}; threads {threads}"
+    )
 
 
 def main() -> int:
@@ -148,9 +175,15 @@ def main() -> int:
     slow = [r for r in rows if (r[3] - r[0]) * 1e6 > p50 + args.over_us]
     print(f"\n{len(slow)} blocks over p50 + {args.over_us:.0f} µs; otelgpu threads' CPU (µs):")
     origin = rows[0][0]
-    for t0, _t1, _t2, t3, used in slow[: args.show]:
+    for t0, _t1, _t2, t3, used, *_own in slow[: args.show]:
         ran = ", ".join(f"{n} {v:.0f}" for n, v in sorted(used.items()) if v >= 20)
         print(f"  t={t0 - origin:7.3f} s  wall {(t3 - t0) * 1e6:6.0f}  {ran or '(none)'}")
+    by_wall = sorted(rows, key=lambda r: r[3] - r[0])
+    middle = by_wall[int(0.45 * len(rows)) : int(0.55 * len(rows)) + 1]
+    print("\nmean per block (µs): the median ones (p45-p55) against the slow ones")
+    for label, band in (("median", middle), ("slow", slow)):
+        if band:
+            print("  " + _band(label, band))
     starts = [r[0] for r in rows]
     by_thread: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     for begin, end, name in data["handbacks"]:

@@ -12,7 +12,9 @@ own accounting of the training thread (``/proc/self/task/<tid>/schedstat``):
 * **blocked**: wall time less both, i.e. asleep. The loop itself (``num_workers=0``, no
   I/O) hardly ever sleeps; an instrumented one sleeps while another thread holds the GIL
   it needs back after a torch op, plus the wake-up after the hand-over;
-* its voluntary context switches (each such sleep is one);
+* its voluntary context switches (each such sleep is one) and its migrations between CPUs
+  (``se.nr_migrations`` of ``/proc/self/task/<tid>/sched``, where the kernel has it: a
+  thread moved to another CPU starts on cold caches);
 
 and the CPU time per step of every thread of the process, by name. Modes are interleaved
 (plain, instrumented, hooks only -- ``bench_torch``'s ``--hooks-only``: the background
@@ -52,8 +54,9 @@ import torch
 MODES = ("plain", "instrumented", B.HOOKS_ONLY)
 
 
-def _sched(native_id: int) -> tuple[float, float, int]:
-    """(CPU s, run-queue wait s, voluntary context switches) of the thread so far."""
+def _sched(native_id: int) -> tuple[float, float, int, int]:
+    """(CPU s, run-queue wait s, voluntary context switches, migrations between CPUs: 0
+    where the kernel does not count them) of the thread so far."""
     with open(f"/proc/self/task/{native_id}/schedstat") as f:
         exec_ns, wait_ns, _slices = f.read().split()
     switches = 0
@@ -61,7 +64,15 @@ def _sched(native_id: int) -> tuple[float, float, int]:
         for line in f:
             if line.startswith("voluntary_ctxt_switches"):
                 switches = int(line.split()[1])
-    return int(exec_ns) / 1e9, int(wait_ns) / 1e9, switches
+    migrations = 0
+    try:
+        with open(f"/proc/self/task/{native_id}/sched") as f:
+            for line in f:
+                if line.startswith("se.nr_migrations"):
+                    migrations = int(line.split(":")[1])
+    except OSError:  # a kernel without scheduler statistics
+        pass
+    return int(exec_ns) / 1e9, int(wait_ns) / 1e9, switches, migrations
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -86,6 +97,7 @@ class Tally:
         self.steps = 0
         self.wall = self.cpu = self.runq = 0.0
         self.switches = 0
+        self.migrations = 0
         self.threads: dict[str, float] = {}
 
     def per_step_us(self, seconds: float) -> float:
@@ -103,7 +115,8 @@ class Tally:
             f"per step: blocked {self.per_step_us(blocked):6.1f} µs, "
             f"run queue {self.per_step_us(self.runq):5.1f} µs, "
             f"CPU {self.per_step_us(self.cpu):8.1f} µs, "
-            f"voluntary switches {self.switches / self.steps:.2f}; "
+            f"voluntary switches {self.switches / self.steps:.2f}, "
+            f"migrations {self.migrations / self.steps:.3f}; "
             f"other threads' CPU µs/step: {others or 'none'}"
         )
 
@@ -192,6 +205,7 @@ def _run(
     tally.cpu += sched1[0] - sched0[0]
     tally.runq += sched1[1] - sched0[1]
     tally.switches += sched1[2] - sched0[2]
+    tally.migrations += sched1[3] - sched0[3]
     for name, cpu in cpu1.items():
         tally.threads[name] = tally.threads.get(name, 0.0) + cpu - cpu0.get(name, 0.0)
 

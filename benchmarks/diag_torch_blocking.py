@@ -4,8 +4,9 @@
 (plain medians of 8-11.5 ms within half an hour on 2026-12-07) is many times the 1 %
 being looked for. This diagnostic reads what the wall clock mixes together, per step of
 the same loop (``bench_torch``'s MLP, ``--layers`` deep, one torch thread, step spans over
-OTLP gRPC to a live receiver, tail-keeping sampling at 100 spans/s), from the scheduler's
-own accounting of the training thread (``/proc/self/task/<tid>/schedstat``):
+OTLP gRPC to a live receiver, tail-keeping sampling at ``--budget`` spans/s, 100 by
+default), from the scheduler's own accounting of the training thread
+(``/proc/self/task/<tid>/schedstat``):
 
 * its CPU time (the hooks' own Python and the torch compute);
 * its run-queue wait (runnable, waiting for a CPU: the machine's or another thread's load);
@@ -29,7 +30,7 @@ extra idle time in AdamW's ``_single_tensor_adam`` (a Python loop of small ops p
 parameter, each a GIL release and re-take), not in ``backward()`` (one long call with the
 GIL released: 27 of 810 GIL samples of the training thread fell inside it).
 
-Run: ``.venv/bin/python benchmarks/diag_torch_blocking.py [--reps 6] [--steps 300]``
+Run: ``.venv/bin/python benchmarks/diag_torch_blocking.py [--reps 6] [--steps 300] [--budget 100]``
 (Linux; about 4 minutes). Diagnostic only: not part of the benchmark tables or of CI.
 """
 
@@ -126,6 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=6, help="repetitions per mode")
     parser.add_argument("--steps", type=int, default=300, help="steps per repetition")
     parser.add_argument("--layers", type=int, default=2, help="hidden layers (2: ~5 ms steps)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=100,
+        help="step spans kept per second (tail-keeping sampling; 0: every step)",
+    )
     args = parser.parse_args(argv)
     modes = MODES
     if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
@@ -141,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     receiver, port, _http = start_receiver(Path(tempfile.mkdtemp(prefix="diag-torch-")))
     os.environ[B.OTLP_PORT_ENV] = str(port)
     try:
-        runtime, _reader = B._exporting_runtime(B.OTLP, 100)
+        runtime, _reader = B._exporting_runtime(B.OTLP, args.budget)
         model, opt, loader = B._setup(384, 128, args.steps, args.layers)
         B._epoch(model, opt, loader)  # warm-up: allocator, AdamW state
         inst = TorchInstrumentor()
@@ -157,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _run(mode, tallies[mode], inst, runtime, (model, opt, loader), main_id, flush)
         print(
             f"{args.reps} x {args.steps} steps per mode, {args.layers} hidden layers, "
+            f"{args.budget} step spans/s, "
             "blocked = wall - CPU - run queue (the training thread asleep)"
         )
         for mode in modes:

@@ -45,7 +45,7 @@ from otelgpu.runtime.health import HealthMonitor
 from otelgpu.runtime.recorder import Parts
 from otelgpu.runtime.records import OUTCOMES, RequestRecord, StepRecord
 from otelgpu.runtime.requests import RequestRecorder
-from otelgpu.runtime.steps import StepRecorder
+from otelgpu.runtime.steps import StepLane, StepRecorder
 from otelgpu.version import __version__
 
 if TYPE_CHECKING:
@@ -212,6 +212,11 @@ class Runtime:
         """:meth:`record_step` of each record in order (``spans=False``: metrics only),
         the step metrics added once for the batch. Never raises."""
         self.steps.record_many(records, spans=spans)
+
+    def step_lane(self) -> StepLane | None:
+        """The bulk path for steps known as numbers, where it gives the same result
+        (``StepRecorder.lane``); None elsewhere."""
+        return self.steps.lane()
 
     def start_request_span(self, record: RequestRecord) -> Span:
         """A live SERVER span for a request whose metrics :meth:`finish_request` records."""

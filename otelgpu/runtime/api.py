@@ -15,6 +15,7 @@ from otelgpu.metrics.instruments import Callback
 from otelgpu.metrics.spec import MetricSpec
 from otelgpu.otel.stats import InternalStats
 from otelgpu.runtime.records import RequestRecord, StepRecord
+from otelgpu.runtime.steps import StepLane
 
 
 class RuntimeAPI(Protocol):
@@ -42,6 +43,12 @@ class RuntimeAPI(Protocol):
         """:meth:`record_step` of each record in order (``spans=False``: metrics only, as
         :meth:`finish_step` of a non-recording span), the step metrics added once for the
         batch: for a background thread that has many steps at hand."""
+        ...
+
+    def step_lane(self) -> StepLane | None:
+        """The bulk path of a background thread with steps known as numbers (only the
+        steps tail-keeping sampling keeps get a record and a span), where it gives the
+        same spans and metrics as :meth:`record_steps`; None elsewhere (ask per batch)."""
         ...
 
     def start_step_span(self, record: StepRecord) -> Span:

@@ -22,6 +22,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanContext, Status, StatusC
 from otelgpu import _values
 from otelgpu.metrics import catalog
 from otelgpu.otel.tail_sampling import HEALTH_FLAGS as _HEALTH
+from otelgpu.otel.tail_sampling import StepSpanSampler
 from otelgpu.runtime.held_steps import HeldStep, HeldSteps
 from otelgpu.runtime.recorder import Parts, Recorder, seen_by_processors
 from otelgpu.runtime.records import StepRecord
@@ -84,6 +85,7 @@ class StepRecorder(Recorder[StepRecord]):
         self._held = (
             HeldSteps(parts.held_horizon_ns, self._released) if self._sampler is not None else None
         )
+        self._lane: StepLane | None = None
         self._events_seen = 0  # the sampler's event count at the last look
         self._next_look_ns = 0  # when (monotonic ns) a step looks again
         instrument = parts.instrument
@@ -145,6 +147,30 @@ class StepRecorder(Recorder[StepRecord]):
                     self._stats.report_error(self.where, exc)
                     continue
                 self._finish(span, record, batch)
+        self._publish(batch)
+
+    def lane(self) -> StepLane | None:
+        """The bulk path for steps known as numbers (:class:`StepLane`), where it gives the
+        same spans and metrics as :meth:`record_many`: tail-keeping sampling is on and no
+        GPU is sampled (so a step has no GPU context and is never held). None elsewhere;
+        ask again per batch of steps (a GPU sampler may start late)."""
+        sampler = self._sampler
+        if sampler is None or self._gpu.sampler is not None:
+            return None
+        lane = self._lane
+        if lane is None:
+            lane = self._lane = StepLane(self, sampler)
+        return lane
+
+    def _record_decided(self, records: Iterable[StepRecord], batch: StepMetrics) -> None:
+        """Span and metrics of steps :class:`StepLane` already decided to keep, then the
+        batch's metrics (:meth:`_publish`). Never raises."""
+        for record in records:
+            self._finish(None, record, batch, decided=True)
+        self._publish(batch)
+
+    def _publish(self, batch: StepMetrics) -> None:
+        """A batch's step metrics, added once; its steps sampled out counted once."""
         try:
             if batch.durations:
                 self.duration.record_many(batch.durations)
@@ -160,14 +186,20 @@ class StepRecorder(Recorder[StepRecord]):
         self._maybe_look_back()
 
     def _finish(
-        self, span: Span | None, record: StepRecord, batch: StepMetrics | None = None
+        self,
+        span: Span | None,
+        record: StepRecord,
+        batch: StepMetrics | None = None,
+        *,
+        decided: bool = False,
     ) -> Span:
         """:meth:`finish` of a live ``span``, or of a step recorded after the fact
-        (``span=None``: the span is started here if the step is kept); with ``batch``
+        (``span=None``: the span is started here if the step is kept; ``decided``: the
+        tail-keeping sampler already kept it, :class:`StepLane`); with ``batch``
         (:meth:`record_many`), the metrics of a record without attributes go there."""
         start_ns, end_ns = record.start_ns, record.end_ns
         sampler = self._sampler
-        decided: int | None = None  # span id whose upstream decision the processors follow
+        upstream: int | None = None  # span id whose upstream decision the processors follow
         sampled_out = False
         try:
             stats = self._stats
@@ -196,7 +228,7 @@ class StepRecorder(Recorder[StepRecord]):
             if sampler is not None and (
                 span is None or (span.is_recording() and self._is_step(span))
             ):
-                keep = sampler.decide(
+                keep = decided or sampler.decide(
                     end_ns - start_ns, self._important(record, context, events, span), end_ns
                 )
                 if span is None:  # after the fact: only a kept step gets a span
@@ -204,8 +236,8 @@ class StepRecorder(Recorder[StepRecord]):
                 if span is not INVALID_SPAN:
                     # the processors follow this decision (a dropped live span: they drop
                     # it); none ever sees the invalid span of a step sampled out here
-                    decided = span.get_span_context().span_id
-                    sampler.decided(decided, keep)
+                    upstream = span.get_span_context().span_id
+                    sampler.decided(upstream, keep)
                 sampled_out = not keep  # build nothing for a span the processors drop
             elif span is None:
                 span = self._start(record)
@@ -255,8 +287,8 @@ class StepRecorder(Recorder[StepRecord]):
         finally:
             if span is not None:
                 span.end(end_time=end_ns)
-            if decided is not None and sampler is not None:
-                sampler.forget(decided)
+            if upstream is not None and sampler is not None:
+                sampler.forget(upstream)
         if batch is None:
             self._maybe_look_back()
         return span if span is not None else INVALID_SPAN
@@ -446,3 +478,93 @@ class StepRecorder(Recorder[StepRecord]):
         if type(own) is BoundedList:
             return len(own) > 0
         return bool(getattr(span, "events", None))
+
+
+class StepLane:
+    """Steps recorded from their numbers, for a background thread that has many at hand
+    (the torch instrumentation's step thread): only the steps tail-keeping sampling keeps
+    become a :class:`StepRecord` and a span; the others are numbers added to the step
+    metrics once per batch. The same spans, decisions and metric values as
+    :meth:`StepRecorder.record_many` of the same records, where
+    :meth:`StepRecorder.lane` offers one (no GPU context: a step's importance is its
+    own -- events, failure -- and nothing is held for a late GPU event).
+
+    Per step, in step order: :meth:`decide` (for a step that may get a span), then
+    :meth:`keep` with its record or :meth:`skip` with its numbers; :meth:`publish` ends
+    a batch (kept steps are also published every :data:`KEEP_BATCH`). Not thread-safe:
+    one caller at a time (the torch step queue's drain lock). Never raises.
+    """
+
+    KEEP_BATCH = 8
+    """Kept steps recorded together: one stretch between two GIL hand-backs of the
+    background thread (as the torch telemetry's ``EMIT_BATCH``)."""
+
+    __slots__ = ("_batch", "_decide", "_kept", "_recorder", "_stats", "_work")
+
+    def __init__(self, recorder: StepRecorder, sampler: StepSpanSampler) -> None:
+        self._recorder = recorder
+        self._decide = sampler.decide
+        self._stats = recorder._stats
+        self._work = recorder._work
+        self._batch = StepMetrics()
+        self._kept: list[StepRecord] = []
+
+    def decide(self, duration_ns: int, end_ns: int, important: bool) -> bool:
+        """Whether the step that ended at ``end_ns`` gets its span (tail-keeping sampling:
+        ``StepSpanSampler.decide``); ``important``: it has events or failed."""
+        try:
+            return self._decide(duration_ns, important, end_ns)
+        except Exception as exc:  # noqa: BLE001 - when in doubt, export
+            self._stats.report_error("step", exc)
+            return True
+
+    def keep(self, record: StepRecord) -> None:
+        """A step :meth:`decide` kept: its span and metrics (``record`` without
+        ``attributes`` or a name: the step metrics' single attribute set)."""
+        kept = self._kept
+        kept.append(record)
+        if len(kept) >= self.KEEP_BATCH:
+            self.publish()
+
+    def skip(
+        self,
+        duration_ns: int,
+        samples: float | None,
+        tokens: float | None,
+        flops: float | None,
+        *,
+        sampled_out: bool,
+    ) -> None:
+        """A step without a span: its metrics only, counted as sampled out
+        (``otelgpu.internal.dropped``, ``tail_sampled``) when ``sampled_out``, i.e.
+        :meth:`decide` dropped it (not a step the caller never offered a span)."""
+        try:
+            batch = self._batch
+            stats = self._stats
+            # StepRecorder._finish's checks of the counts, inlined: per step
+            if samples is not None and not (type(samples) is int and 0 <= samples <= _MAX):
+                samples = _values.count(samples, "samples", stats)
+            if tokens is not None and not (type(tokens) is int and 0 <= tokens <= _MAX):
+                tokens = _values.count(tokens, "tokens", stats)
+            duration_s = (duration_ns if duration_ns > 0 else 0) / 1e9
+            batch.durations.append(duration_s)
+            if samples:
+                batch.samples += samples
+            if tokens:
+                batch.tokens += tokens
+            if sampled_out:
+                batch.released += 1
+            if flops is not None:  # MFU is recorded for every step, as in _finish
+                flops = _values.flops(flops, "flops", stats)
+                if flops:
+                    self._work.step(None, {}, duration_s, samples, tokens, flops, None)
+        except Exception as exc:  # noqa: BLE001 - hot path
+            stats.report_error("step", exc)
+
+    def publish(self) -> None:
+        """The kept steps' spans, then the batch's metrics, added once."""
+        kept, batch = self._kept, self._batch
+        if not kept and not batch.durations:
+            return
+        self._kept, self._batch = [], StepMetrics()
+        self._recorder._record_decided(kept, batch)

@@ -447,3 +447,112 @@ def test_record_steps_without_spans_records_metrics_only() -> None:
     kept, metrics, sampled_out = batched
     assert kept == [] and sampled_out == 0
     assert sum(v for _, v in metrics[names.TRAIN_SAMPLES.name]) == 1200
+
+
+def _lane_rows(t0: int) -> list[StepRecord]:
+    """300 steps 1 ms apart as the torch step thread has them (no attributes): slow ones,
+    ones with an event, tokens on every other step, FLOPs on every step."""
+    rows = []
+    for i in range(300):
+        start = t0 + i * 1_000_000
+        rows.append(
+            StepRecord(
+                start,
+                start + (1_000_000 if i % 100 == 50 else 100_000),
+                step=i + 1,
+                samples=4,
+                tokens=32 if i % 2 else None,
+                flops=1e9,
+                span_attributes={"otelgpu.train.step.rule": "optimizer"},
+                events=[("otelgpu.torch.oom", start + 1, {"count": 1})] if i % 100 == 80 else (),
+            )
+        )
+    return rows
+
+
+def _through_lane(lane: bool) -> tuple[list[int], dict[str, Any], int, list[Any]]:
+    """The exported step numbers, step metrics, tail-sampled count and the kept spans'
+    attributes of ``_lane_rows``, through ``step_lane`` or ``record_steps`` (8 at a time)."""
+    receiver = OtlpReceiver()
+    receiver.start()
+    try:
+        handle = _instrument(receiver, gpu=False, step_spans_per_second=20, peak_flops=1e12)
+        runtime = handle.runtime
+        rows = _lane_rows(1_700_000_000_000_000_000)
+        if lane:
+            bulk = runtime.step_lane()
+            assert bulk is not None
+            for i, row in enumerate(rows):
+                duration = row.end_ns - row.start_ns
+                if bulk.decide(duration, row.end_ns, bool(row.events)):
+                    bulk.keep(row)
+                else:
+                    bulk.skip(duration, row.samples, row.tokens, row.flops, sampled_out=True)
+                if i % 8 == 7:
+                    bulk.publish()
+            bulk.publish()
+        else:
+            for i in range(0, len(rows), 8):
+                runtime.record_steps(rows[i : i + 8])
+        handle.force_flush()
+        sampled_out = runtime.stats.dropped().get(("traces", "tail_sampled"), 0)
+        handle.shutdown()
+        spans = sorted(_step_spans(receiver), key=lambda s: s.start_time_unix_nano)
+        kept = [attributes(s.attributes)["otelgpu.train.step"] for s in spans]
+        shapes = [
+            (s.start_time_unix_nano, s.end_time_unix_nano, attributes(s.attributes),
+             [(e.name, e.time_unix_nano) for e in s.events])
+            for s in spans
+        ]  # fmt: skip
+        metrics = {
+            name: _metric_points(receiver, name)
+            for name in (
+                names.TRAIN_STEP_DURATION.name,
+                names.TRAIN_STEPS.name,
+                names.TRAIN_SAMPLES.name,
+                names.TRAIN_TOKENS.name,
+                names.TRAIN_MFU.name,
+            )
+        }
+        return kept, metrics, sampled_out, shapes
+    finally:
+        receiver.stop()
+
+
+def test_step_lane_equals_record_steps() -> None:
+    """The bulk path of the torch step thread (only kept steps become records) exports
+    the same spans, attributes included, the same decisions and the same metric values
+    -- MFU of every step included -- as ``record_steps`` of every row."""
+    assert _through_lane(True) == _through_lane(False)
+    kept, metrics, sampled_out, _ = _through_lane(True)
+    assert {51, 151, 251, 81, 181, 281} <= set(kept)  # slow and event steps
+    assert len(kept) + sampled_out == 300 and sampled_out > 200
+    assert dict(metrics[names.TRAIN_STEPS.name]) == {(): 300}
+    assert sum(v for _, v in metrics[names.TRAIN_TOKENS.name]) == 150 * 32
+    ((_, mfu_count, _),) = metrics[names.TRAIN_MFU.name]
+    assert mfu_count == 300
+
+
+def test_step_lane_only_where_it_gives_the_same_result(receiver: Any) -> None:
+    """No bulk path without tail-keeping sampling (every step gets its span anyway)."""
+    handle = _instrument(receiver, gpu=False, step_spans_per_second=0)
+    try:
+        assert handle.runtime.step_lane() is None
+    finally:
+        handle.shutdown()
+
+
+@pytest.mark.usefixtures("sim_gpu")
+def test_no_step_lane_while_gpus_are_sampled(receiver: Any) -> None:
+    """With GPUs sampled a step has a GPU context and may be held for a late health
+    event: no bulk path."""
+    handle = _instrument(receiver, step_spans_per_second=20)
+    try:
+        runtime = handle.runtime
+        deadline = time.monotonic() + 10
+        while runtime.sampler is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runtime.sampler is not None
+        assert runtime.step_lane() is None
+    finally:
+        handle.shutdown()

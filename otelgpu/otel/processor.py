@@ -146,6 +146,11 @@ class BoundedBatchSpanProcessor(SpanProcessor):
         self._export_lock = threading.Lock()
 
     @property
+    def encodes_at_end(self) -> bool:
+        """Whether ``on_end`` encodes each span at once and keeps no reference to it."""
+        return self._early
+
+    @property
     def step_sampler(self) -> StepSpanSampler:
         """The tail-keeping sampler of step spans this processor follows."""
         return self._sampler

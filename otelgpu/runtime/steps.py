@@ -21,6 +21,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanContext, Status, StatusC
 
 from otelgpu import _values
 from otelgpu.metrics import catalog
+from otelgpu.otel.finished_span import FinishedSpans
 from otelgpu.otel.tail_sampling import HEALTH_FLAGS as _HEALTH
 from otelgpu.otel.tail_sampling import StepSpanSampler
 from otelgpu.runtime.held_steps import HeldStep, HeldSteps
@@ -86,6 +87,7 @@ class StepRecorder(Recorder[StepRecord]):
             HeldSteps(parts.held_horizon_ns, self._released) if self._sampler is not None else None
         )
         self._lane: StepLane | None = None
+        self._finished = FinishedSpans(parts.tracer)
         self._events_seen = 0  # the sampler's event count at the last look
         self._next_look_ns = 0  # when (monotonic ns) a step looks again
         instrument = parts.instrument
@@ -225,6 +227,7 @@ class StepRecorder(Recorder[StepRecord]):
             gpu = self._gpu
             sampled_gpu = gpu.sampler is not None
             context, events = gpu.context(start_ns, end_ns, devices) if sampled_gpu else ({}, [])
+            finished = False  # kept, and built ended without an SDK span (_emit_finished)
             if sampler is not None and (
                 span is None or (span.is_recording() and self._is_step(span))
             ):
@@ -232,8 +235,11 @@ class StepRecorder(Recorder[StepRecord]):
                     end_ns - start_ns, self._important(record, context, events, span), end_ns
                 )
                 if span is None:  # after the fact: only a kept step gets a span
-                    span = self._start(record) if keep else INVALID_SPAN
-                if span is not INVALID_SPAN:
+                    if keep and decided and not sampled_gpu and self._finishable(record):
+                        finished = True
+                    else:
+                        span = self._start(record) if keep else INVALID_SPAN
+                if span is not None and span is not INVALID_SPAN:
                     # the processors follow this decision (a dropped live span: they drop
                     # it); none ever sees the invalid span of a step sampled out here
                     upstream = span.get_span_context().span_id
@@ -244,7 +250,7 @@ class StepRecorder(Recorder[StepRecord]):
             # A span nobody sees (dropped by the OTel sampler or by tail-keeping sampling,
             # or a provider without span processor, e.g. Prometheus only) gets no
             # attribute dict built.
-            recording = not sampled_out and seen_by_processors(span)
+            recording = not sampled_out and span is not None and seen_by_processors(span)
             flops = record.flops
             if flops is not None:
                 flops = _values.flops(flops, "flops", stats)
@@ -263,9 +269,16 @@ class StepRecorder(Recorder[StepRecord]):
                 if context or flops
                 else {}
             )
-            if recording:
+            if finished and not self._emit_finished(record, (step, samples, tokens), work):
+                # the SDK's path after all (the span's limits, a current parent...)
+                span = self._start(record)
+                if span is not INVALID_SPAN:
+                    upstream = span.get_span_context().span_id
+                    sampler.decided(upstream, True)  # type: ignore[union-attr]
+                recording = seen_by_processors(span)
+            if recording and span is not None:
                 self._fill(span, record, (step, samples, tokens), context, work, events)
-            elif sampled_out:
+            elif sampled_out and span is not None:
                 self._sampled_out(span, record, (step, samples, tokens), work, sampled_gpu, batch)
             # The metric calls copy an attribute set only when it is new to them.
             metric_attrs = attributes or None
@@ -331,6 +344,37 @@ class StepRecorder(Recorder[StepRecord]):
         if failed is not None:
             span.record_exception(failed)
             span.set_status(Status(StatusCode.ERROR, type(failed).__qualname__))
+
+    @staticmethod
+    def _finishable(record: StepRecord) -> bool:
+        """Whether a kept step recorded after the fact may be built ended
+        (``otelgpu.otel.finished_span``): a root step span without events or failure."""
+        return (
+            record.context is None
+            and not record.events
+            and record.failed is None
+            and (record.name or catalog.STEP_SPAN) == catalog.STEP_SPAN
+        )
+
+    def _emit_finished(
+        self, record: StepRecord, counts: tuple[int, float | None, float | None], work: Any
+    ) -> bool:
+        """The kept step's span built ended and handed to the processor, its attributes
+        as :meth:`_fill` would set them on a span started with ``span_attributes``;
+        ``False`` (nothing done) where the SDK's path must run."""
+        step, samples, tokens = counts
+        start_ns, end_ns = record.start_ns, record.end_ns
+        own = step_attributes(max(end_ns - start_ns, 0) / 1e9, step, samples, tokens)
+        if record.attributes:  # Recorder._annotate's merge, without a GPU context
+            own.update(record.attributes)
+        own.update(work)
+        return self._finished.emit(
+            catalog.STEP_SPAN,
+            start_ns,
+            end_ns,
+            (record.span_attributes, own),
+            kept_by=self._sampler,
+        )
 
     def _released(self, n: int) -> None:
         self._stats.add_dropped("traces", "tail_sampled", n)

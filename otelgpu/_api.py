@@ -54,9 +54,18 @@ class Instrumentation:
         return pipeline.recording.path if pipeline and pipeline.recording else None
 
     def force_flush(self, timeout_millis: int = 10_000) -> None:
-        """Export what was recorded so far."""
-        if self.runtime is not None:
-            self.runtime.force_flush(timeout_millis)
+        """Export what was recorded so far, the steps the framework instrumentors still
+        queue for their background threads included (a step in progress stays open)."""
+        if self.runtime is None:
+            return
+        for instrumentor in self.instrumentors:
+            drain = getattr(instrumentor, "drain", None)
+            if drain is not None:
+                try:
+                    drain()
+                except Exception as exc:  # noqa: BLE001 - never raise into the host
+                    self.runtime.report_error("force_flush", exc)
+        self.runtime.force_flush(timeout_millis)
 
     def shutdown(self) -> None:
         """Flush and stop (idempotent); after it, ``instrument()`` may be called again."""

@@ -87,3 +87,34 @@ def test_without_tail_sampling_every_step_has_its_span(receiver: Any) -> None:
     assert totals == {"steps": STEPS, "durations": STEPS, "optimizer_steps": STEPS}
     assert sorted(s["otelgpu.train.step"] for s in spans) == list(range(1, STEPS + 1))
     assert sampled_out == 0
+
+
+def test_force_flush_exports_the_steps_still_queued(receiver: Any) -> None:
+    """``force_flush()`` of the handle records the finished steps the background thread
+    had not taken yet (its drain runs every half second), the open step excepted."""
+    handle = otelgpu.instrument(
+        otlp_endpoint=receiver.grpc_endpoint,
+        otlp_protocol="grpc",
+        span_schedule_delay_ms=3_600_000,
+        metric_export_interval_ms=3_600_000,
+        gpu=False,
+        step_spans_per_second=0,
+    )
+    try:
+        net = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        for _ in range(20):
+            net(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        handle.force_flush()
+        numbers = sorted(
+            attributes(s.attributes)["otelgpu.train.step"]
+            for _, _, s in receiver.spans()
+            if s.name == C.STEP_SPAN
+        )
+        steps = receiver.last_metric(C.TRAIN_STEPS.name).sum.data_points
+    finally:
+        otelgpu.shutdown()
+    assert numbers == list(range(1, 20))  # step 20 is still open: its end is the next start
+    assert sum(p.as_int for p in steps) == 19

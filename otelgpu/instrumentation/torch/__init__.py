@@ -99,6 +99,22 @@ def flush() -> None:
         active[1].error("torch.flush", exc)
 
 
+def _drain() -> None:
+    """Records the finished steps still queued for the background thread, now (the step
+    in progress stays open: its end is the next step's start). ``force_flush()`` of
+    ``otelgpu.instrument()``'s handle calls it. Never raises."""
+    active = _active
+    if active is None:
+        return
+    try:
+        active[1].drain()
+        diagnosis = _diagnosis
+        if diagnosis is not None:
+            diagnosis.flush()  # its buffered steps into the phase sketch and the summary
+    except Exception as exc:  # noqa: BLE001 - never raise into the host
+        active[1].error("torch.flush", exc)
+
+
 def _after_fork_in_child() -> None:
     """A forked child starts clean: the parent's patches are removed, not just gated off.
 
@@ -239,6 +255,12 @@ class TorchInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not _atexit_registered:
             atexit.register(flush)
             _atexit_registered = True
+
+    def drain(self) -> None:
+        """The finished steps still queued for the background thread, recorded now (the
+        step in progress stays open); ``force_flush()`` of ``otelgpu.instrument()``'s
+        handle calls it. Never raises."""
+        _drain()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         global _active, _diagnosis

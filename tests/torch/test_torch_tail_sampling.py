@@ -45,6 +45,7 @@ def _train(receiver: Any, budget: int) -> tuple[list[dict[str, Any]], dict[str, 
             opt.zero_grad()
         flush()  # the end of training: the last step, and the queued ones, recorded
         handle.force_flush()
+        assert handle.runtime is not None
         sampled_out = handle.runtime.stats.dropped().get(("traces", "tail_sampled"), 0)
     finally:
         otelgpu.shutdown()

@@ -129,6 +129,19 @@ def test_over_the_attribute_count_limit_the_sdk_path_drops_as_it_does(
     assert ours == sdk and len(ours) == 40
 
 
+def _recorded_steps(directory: Path) -> list[Any]:
+    """The step spans of the recording in ``directory``."""
+    return [
+        span
+        for path in sorted(directory.glob("*.jsonl"))
+        for request in read_recording(path)
+        for rs in getattr(request, "resource_spans", ())
+        for ss in rs.scope_spans
+        for span in ss.spans
+        if span.name == "otelgpu.train.step"
+    ]
+
+
 def _recorded(
     tmp_path: Path, finished: bool, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[bytes], int]:
@@ -144,15 +157,7 @@ def _recorded(
         )
         built = _keep_all(handle.runtime, _rows())
         handle.shutdown()
-    spans = [
-        span
-        for path in sorted(tmp_path.glob("*.jsonl"))
-        for request in read_recording(path)
-        for rs in getattr(request, "resource_spans", ())
-        for ss in rs.scope_spans
-        for span in ss.spans
-        if span.name == "otelgpu.train.step"
-    ]
+    spans = _recorded_steps(tmp_path)
     return [_masked(s) for s in sorted(spans, key=lambda s: s.start_time_unix_nano)], built
 
 
@@ -195,15 +200,7 @@ def test_a_step_under_a_current_span_is_its_child(tmp_path: Path) -> None:
             assert _keep_all(handle.runtime, _rows(2)) == 0
     finally:
         handle.shutdown()
-    spans = [
-        span
-        for path in sorted(tmp_path.glob("*.jsonl"))
-        for request in read_recording(path)
-        for rs in getattr(request, "resource_spans", ())
-        for ss in rs.scope_spans
-        for span in ss.spans
-        if span.name == "otelgpu.train.step"
-    ]
+    spans = _recorded_steps(tmp_path)
     parent = epoch.get_span_context().span_id.to_bytes(8, "big")
     assert len(spans) == 2 and all(s.parent_span_id == parent for s in spans)
 

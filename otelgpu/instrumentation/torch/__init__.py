@@ -91,12 +91,9 @@ def flush() -> None:
         return
     try:
         active[0].tracker.flush()
-        active[1].drain()
-        diagnosis = _diagnosis
-        if diagnosis is not None:
-            diagnosis.flush()  # its buffered steps into the phase sketch and the summary
     except Exception as exc:  # noqa: BLE001 - never raise into the host
         active[1].error("torch.flush", exc)
+    _drain()
 
 
 def _drain() -> None:
